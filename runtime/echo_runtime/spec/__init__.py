@@ -1,0 +1,70 @@
+"""Echo's manifest models: the single source of the CLI's, the runtime's and the CRDs' schemas.
+
+Kinds (``apiVersion: echorl.dev/v1alpha1``): :class:`EchoJob`, :class:`InferenceSwarm`,
+:class:`TrainingSwarm`, :class:`SyncPolicy`. Load files with :func:`load_file` / :func:`load_job`.
+"""
+
+from echo_runtime.spec.base import API_GROUP, API_VERSION, GROUP_VERSION, ObjectMeta, SpecModel
+from echo_runtime.spec.load import (
+    ManifestError,
+    Problem,
+    ResolvedJob,
+    load_documents,
+    load_file,
+    load_job,
+    resolve,
+)
+from echo_runtime.spec.objects import (
+    KINDS,
+    EchoJob,
+    EchoJobSpec,
+    InferenceSwarm,
+    Manifest,
+    SyncPolicy,
+    TrainingSwarm,
+)
+from echo_runtime.spec.policy import Algorithm, LoRA, Model, Retention, Sampling, SyncPolicySpec, Task
+from echo_runtime.spec.scheduling import Affinity, Placement, Resources, Toleration
+from echo_runtime.spec.status import Condition, EchoJobStatus, PoolStatus, SwarmStatus
+from echo_runtime.spec.swarms import InferencePool, InferenceSwarmSpec, Storage, TrainingSwarmSpec
+
+__all__ = [
+    "API_GROUP",
+    "API_VERSION",
+    "GROUP_VERSION",
+    "KINDS",
+    "Affinity",
+    "Algorithm",
+    "Condition",
+    "EchoJob",
+    "EchoJobSpec",
+    "EchoJobStatus",
+    "InferencePool",
+    "InferenceSwarm",
+    "InferenceSwarmSpec",
+    "LoRA",
+    "Manifest",
+    "ManifestError",
+    "Model",
+    "ObjectMeta",
+    "Placement",
+    "PoolStatus",
+    "Problem",
+    "ResolvedJob",
+    "Resources",
+    "Retention",
+    "Sampling",
+    "SpecModel",
+    "Storage",
+    "SwarmStatus",
+    "SyncPolicy",
+    "SyncPolicySpec",
+    "Task",
+    "Toleration",
+    "TrainingSwarm",
+    "TrainingSwarmSpec",
+    "load_documents",
+    "load_file",
+    "load_job",
+    "resolve",
+]

@@ -1,0 +1,63 @@
+"""Shared building blocks of the manifest models: the camelCase convention and Kubernetes metadata.
+
+Every spec model is a pydantic model whose Python attributes are snake_case and whose manifest keys
+are camelCase (the Kubernetes convention). Unknown keys are errors, so a typo never silently falls
+back to a default. These models are the single source of the CRD schemas, so every field carries a
+description, and bounds and enums live in the type (``Field(ge=...)``, ``Literal[...]``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+API_GROUP = "echorl.dev"
+API_VERSION = "v1alpha1"
+GROUP_VERSION = f"{API_GROUP}/{API_VERSION}"
+
+_DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+class SpecModel(BaseModel):
+    """Base of every manifest model: camelCase keys, unknown keys forbidden, validated on assignment."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        validate_assignment=True,
+        use_attribute_docstrings=True,
+    )
+
+    def to_manifest(self) -> dict[str, Any]:
+        """The manifest form: camelCase keys, defaults omitted only where they were never set."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def _dns_label(value: str) -> str:
+    if len(value) > 63 or not _DNS1123.match(value):
+        raise ValueError(
+            "must be a DNS-1123 label: at most 63 lowercase letters, digits or '-', "
+            f"starting and ending with a letter or digit, got {value!r}"
+        )
+    return value
+
+
+DnsLabel = Annotated[str, AfterValidator(_dns_label), Field(min_length=1, max_length=63)]
+"""A Kubernetes object or pool name (DNS-1123 label)."""
+
+
+class ObjectMeta(BaseModel):
+    """The part of Kubernetes ``metadata`` Echo reads; server-set fields are accepted and ignored."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True, alias_generator=to_camel)
+
+    name: DnsLabel
+    """Object name; for an EchoJob also the job's name in the snapshot store and in ``runs/``."""
+    namespace: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    generation: int | None = None

@@ -1,0 +1,103 @@
+"""The four Kubernetes kinds: ``EchoJob``, ``InferenceSwarm``, ``TrainingSwarm``, ``SyncPolicy``.
+
+An EchoJob names its model, task, algorithm and storage, and either embeds its sync policy and
+swarms or references separate objects by name (shared pools, a SyncPolicy used by several jobs).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from echo_runtime.spec.base import ObjectMeta, SpecModel
+from echo_runtime.spec.policy import Algorithm, Model, SyncPolicySpec, Task
+from echo_runtime.spec.status import EchoJobStatus, SwarmStatus
+from echo_runtime.spec.swarms import InferencePool, InferenceSwarmSpec, Storage, TrainingSwarmSpec
+
+
+class EchoJobSpec(SpecModel):
+    """A whole RL post-training job."""
+
+    model: Model = Field(default_factory=Model)
+    task: Task = Field(default_factory=Task)
+    algorithm: Algorithm = Field(default_factory=Algorithm)
+    sync_policy: SyncPolicySpec | None = None
+    """Inline sync policy (default: Async with maxStaleness 1); exclusive with ``syncPolicyRef``."""
+    sync_policy_ref: str | None = None
+    """Name of a SyncPolicy object in the same namespace."""
+    storage: Storage = Field(default_factory=Storage)
+    training_swarm: TrainingSwarmSpec | None = None
+    """Inline training swarm (default: one process); exclusive with ``trainingSwarmRef``."""
+    training_swarm_ref: str | None = None
+    """Name of a TrainingSwarm object in the same namespace."""
+    inference_swarms: list[InferencePool] = Field(
+        default_factory=lambda: [InferencePool(name="default")], min_length=1, max_length=64
+    )
+    """Inference pools; each inline or a ``swarmRef``."""
+    suspend: bool = False
+    """Scale every process of the job to zero (state in the snapshot store is kept)."""
+
+    @model_validator(mode="after")
+    def _refs(self) -> EchoJobSpec:
+        if self.sync_policy is not None and self.sync_policy_ref is not None:
+            raise ValueError("syncPolicyRef: cannot be combined with an inline syncPolicy")
+        if self.training_swarm is not None and self.training_swarm_ref is not None:
+            raise ValueError("trainingSwarmRef: cannot be combined with an inline trainingSwarm")
+        seen: set[str] = set()
+        for pool in self.inference_swarms:
+            if pool.name in seen:
+                raise ValueError(
+                    f"inferenceSwarms: pool name {pool.name!r} appears twice; names must be unique"
+                )
+            seen.add(pool.name)
+        return self
+
+
+class EchoJob(SpecModel):
+    """An RL post-training job (``kind: EchoJob``)."""
+
+    api_version: Literal["echorl.dev/v1alpha1"] = "echorl.dev/v1alpha1"
+    kind: Literal["EchoJob"] = "EchoJob"
+    metadata: ObjectMeta
+    spec: EchoJobSpec = Field(default_factory=EchoJobSpec)
+    status: EchoJobStatus | None = None
+
+
+class InferenceSwarm(SpecModel):
+    """A pool of inference workers that jobs reference (``kind: InferenceSwarm``)."""
+
+    api_version: Literal["echorl.dev/v1alpha1"] = "echorl.dev/v1alpha1"
+    kind: Literal["InferenceSwarm"] = "InferenceSwarm"
+    metadata: ObjectMeta
+    spec: InferenceSwarmSpec = Field(default_factory=InferenceSwarmSpec)
+    status: SwarmStatus | None = None
+
+
+class TrainingSwarm(SpecModel):
+    """A training group that jobs reference (``kind: TrainingSwarm``)."""
+
+    api_version: Literal["echorl.dev/v1alpha1"] = "echorl.dev/v1alpha1"
+    kind: Literal["TrainingSwarm"] = "TrainingSwarm"
+    metadata: ObjectMeta
+    spec: TrainingSwarmSpec = Field(default_factory=TrainingSwarmSpec)
+    status: SwarmStatus | None = None
+
+
+class SyncPolicy(SpecModel):
+    """A sync policy that jobs reference (``kind: SyncPolicy``)."""
+
+    api_version: Literal["echorl.dev/v1alpha1"] = "echorl.dev/v1alpha1"
+    kind: Literal["SyncPolicy"] = "SyncPolicy"
+    metadata: ObjectMeta
+    spec: SyncPolicySpec = Field(default_factory=SyncPolicySpec)
+    status: SwarmStatus | None = None
+
+
+Manifest = EchoJob | InferenceSwarm | TrainingSwarm | SyncPolicy
+KINDS: dict[str, type[EchoJob] | type[InferenceSwarm] | type[TrainingSwarm] | type[SyncPolicy]] = {
+    "EchoJob": EchoJob,
+    "InferenceSwarm": InferenceSwarm,
+    "TrainingSwarm": TrainingSwarm,
+    "SyncPolicy": SyncPolicy,
+}

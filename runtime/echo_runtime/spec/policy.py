@@ -1,0 +1,130 @@
+"""What is trained and how: model, task, GRPO algorithm, and the sync policy with Δmax.
+
+Vocabulary (DESIGN.md): the *policy version* ``v`` is the number of optimizer steps applied. A rollout
+produced by version ``v`` and consumed by the optimizer step that turns ``t`` into ``t+1`` has
+*staleness* ``t - v``. ``maxStaleness`` (Δmax) bounds it: no optimizer step ever consumes a rollout
+with staleness > Δmax. Δmax = 0 is on-policy.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from echo_runtime.spec.base import SpecModel
+
+
+class LoRA(SpecModel):
+    """Low-rank adapter settings (peft ``LoraConfig``)."""
+
+    rank: int = Field(default=16, ge=1, le=1024)
+    """Adapter rank r."""
+    alpha: float = Field(default=32.0, gt=0)
+    """Scaling numerator: the update is scaled by alpha / rank."""
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        min_length=1,
+    )
+    """Names of the linear modules that get adapters."""
+
+
+class Model(SpecModel):
+    """The policy's base model and how it is fine-tuned."""
+
+    path: str = Field(default="echorl:tiny", min_length=1)
+    """A local Hugging Face directory, a hub id (``Qwen/Qwen3-0.6B``), or ``echorl:tiny`` /
+    ``echorl:small`` for the Qwen3-architecture models Echo builds itself (``echorl model init``)."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weights dtype for training and inference."""
+    finetune: Literal["LoRA", "Full"] = "LoRA"
+    """``LoRA`` publishes only the adapter per version; ``Full`` publishes the whole state dict."""
+    lora: LoRA = Field(default_factory=LoRA)
+    """Adapter settings; used when ``finetune`` is ``LoRA``."""
+    warmup_steps: int = Field(default=0, ge=0)
+    """Supervised warm-up steps on task references before RL (built-in models only); 0 = none."""
+    seed: int = Field(default=0, ge=0)
+    """Seed for building and warming up a built-in model."""
+
+
+class Task(SpecModel):
+    """The prompt source and its verifier."""
+
+    name: str = Field(default="arithmetic", min_length=1, pattern=r"^[A-Za-z_][\w.]*(:[A-Za-z_]\w*)?$")
+    """A built-in task (``arithmetic``, ``knights_knaves``, ``sokoban``, ``math``) or ``module:function``."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Task options, passed to the task's constructor."""
+    heldout_size: int = Field(default=200, ge=1, le=100_000)
+    """Number of held-out prompts (never used in training) for evaluation."""
+    eval_every: int = Field(default=10, ge=1)
+    """Evaluate held-out accuracy every N policy versions."""
+
+
+class Sampling(SpecModel):
+    """Generation settings every worker uses."""
+
+    temperature: float = Field(default=1.0, gt=0, le=10)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    max_new_tokens: int = Field(default=32, ge=1, le=32_768)
+
+
+class Algorithm(SpecModel):
+    """GRPO with a PPO-clip loss on the ratio to the behaviour policy."""
+
+    name: Literal["GRPO"] = "GRPO"
+    group_size: int = Field(default=8, ge=2, le=1024)
+    """n: completions sampled per prompt; advantages are normalised within a group."""
+    batch_size: int = Field(default=8, ge=1, le=65_536)
+    """Groups (prompts) consumed per optimizer step."""
+    micro_batch_size: int = Field(default=8, ge=1)
+    """Rollouts per forward/backward pass; gradients are accumulated over the batch."""
+    learning_rate: float = Field(default=1e-4, gt=0, le=1)
+    clip_range: float = Field(default=0.2, gt=0, le=1)
+    """ε of the PPO-clip objective."""
+    kl_coef: float = Field(default=0.0, ge=0)
+    """β of the KL penalty to the reference (base) policy; 0 disables it."""
+    importance_weight_cap: float = Field(default=2.0, ge=1)
+    """Truncation cap of per-token importance weights for stale or mismatched rollouts."""
+    max_steps: int = Field(default=100, ge=1)
+    """Optimizer steps (policy versions) to train."""
+    sampling: Sampling = Field(default_factory=Sampling)
+    seed: int = Field(default=0, ge=0)
+
+
+class Retention(SpecModel):
+    """How many snapshots and checkpoints the store keeps."""
+
+    keep_last: int = Field(default=4, ge=1)
+    """Newest snapshots kept (plus any pinned by readers still using them)."""
+    checkpoint_keep_last: int = Field(default=2, ge=1)
+    """Newest trainer checkpoints kept."""
+
+
+class SyncPolicySpec(SpecModel):
+    """How rollouts and policy versions are kept in step, and the staleness bound Δmax."""
+
+    mode: Literal["Sequential", "Async"] = "Async"
+    """``Sequential``: the trainer asks for a batch at version t and workers load t first.
+    ``Async``: workers generate continuously into a replay buffer; the trainer pulls at its pace."""
+    max_staleness: int = Field(default=1, ge=0, le=1024)
+    """Δmax: no optimizer step consumes a rollout with staleness (t − policy version) above this."""
+    stale_action: Literal["Drop", "ImportanceWeight"] = "Drop"
+    """What happens to a group that would be consumed with staleness > Δmax: dropped and counted, or
+    kept with truncated importance weights (``ImportanceWeight``, counted as down-weighted)."""
+    refresh_threshold: int = Field(default=0, ge=0)
+    """Sequential: a worker whose loaded version is within this many versions of t may generate
+    without reloading; must not exceed ``maxStaleness``."""
+    buffer_size: int | None = Field(default=None, ge=1)
+    """Async only: replay-buffer capacity in groups (default 2 × batchSize); leasing pauses when full."""
+    retention: Retention = Field(default_factory=Retention)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SyncPolicySpec:
+        if self.refresh_threshold > self.max_staleness:
+            raise ValueError(
+                f"refreshThreshold: must be ≤ maxStaleness ({self.max_staleness}), got {self.refresh_threshold}"
+            )
+        if self.mode == "Sequential" and self.buffer_size is not None:
+            raise ValueError("bufferSize: only allowed in Async mode (Sequential has no replay buffer)")
+        return self

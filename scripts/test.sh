@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The one test command (README and .ci/run call it): installs everything the tests need from the
+# package registries (Python packages; MinIO, etcd, kube-apiserver and kubectl built with Go),
+# caching outside the repo, then runs the linters, the type checker and the whole pytest suite.
+# Extra arguments go to pytest (e.g. `scripts/test.sh tests/unit -x`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+start=$SECONDS
+source scripts/env.sh
+echo "[test] python env ready ($((SECONDS - start)) s)"
+ECHORL_TESTBIN_DIR="$(scripts/testbin.sh | tail -n 1)"
+export ECHORL_TESTBIN_DIR
+echo "[test] services built: $ECHORL_TESTBIN_DIR ($((SECONDS - start)) s)"
+echo "[test] ruff"
+ruff check runtime operator tests benchmarks scripts
+ruff format --check runtime operator tests benchmarks scripts
+echo "[test] mypy --strict"
+mypy
+echo "[test] pytest"
+status=0
+python -m pytest "$@" || status=$?
+echo "[test] finished in $((SECONDS - start)) s"
+exit $status
