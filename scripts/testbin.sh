@@ -14,7 +14,8 @@ ETCD_VERSION="${ETCD_VERSION:-v3.6.4}"                          # the etcd Kuber
 MINIO_VERSION="${MINIO_VERSION:-v0.0.0-20260212201848-7aac2a2c5b7c}"  # MinIO publishes pseudo-versions only
 # ---------------------------------------------------------------------------------------------
 
-tag="k8s-${KUBERNETES_VERSION}_etcd-${ETCD_VERSION}_minio-${MINIO_VERSION##*-}"
+RECIPE=2  # bump when the build recipe below changes, so caches rebuild
+tag="r${RECIPE}_k8s-${KUBERNETES_VERSION}_etcd-${ETCD_VERSION}_minio-${MINIO_VERSION##*-}"
 root="${ECHORL_TESTBIN:-${XDG_CACHE_HOME:-$HOME/.cache}/echorl/testbin}/${tag}"
 bin="$root/bin"
 mkdir -p "$bin"
@@ -59,13 +60,20 @@ build_kube() {
 // Package tools only records the commands this module builds.
 package tools
 GO
+  # Without these the binaries report v0.0.0-master, and version-aware clients misbehave.
+  local minor="${KUBERNETES_VERSION#v1.}"; minor="${minor%%.*}"
+  local ldflags=""
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags+=" -X $pkg.gitVersion=${KUBERNETES_VERSION} -X $pkg.gitMajor=1 -X $pkg.gitMinor=${minor}"
+    ldflags+=" -X $pkg.gitTreeState=clean"
+  done
   (
     cd "$mod"
     go get "k8s.io/kubernetes@${KUBERNETES_VERSION}" "go.etcd.io/etcd/server/v3@${ETCD_VERSION}"
     log "compiling kube-apiserver (first time only; the longest step)"
-    go build -o "$bin/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver && touch "$bin/kube-apiserver.ok"
+    go build -ldflags "$ldflags" -o "$bin/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver && touch "$bin/kube-apiserver.ok"
     log "compiling kubectl"
-    go build -o "$bin/kubectl" k8s.io/kubernetes/cmd/kubectl && touch "$bin/kubectl.ok"
+    go build -ldflags "$ldflags" -o "$bin/kubectl" k8s.io/kubernetes/cmd/kubectl && touch "$bin/kubectl.ok"
     log "compiling etcd ${ETCD_VERSION}"
     go build -o "$bin/etcd" go.etcd.io/etcd/server/v3 && touch "$bin/etcd.ok"
   )
