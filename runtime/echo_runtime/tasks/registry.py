@@ -1,0 +1,103 @@
+"""Finding a task by name: the built-ins, or a user's ``module:function``.
+
+``get_task("arithmetic", {"digits": 3})`` builds a built-in task; ``get_task("my_pkg.tasks:make", opts)``
+imports ``my_pkg.tasks`` and calls ``make(**opts)``, which must return a :class:`~.base.Task`. Every
+mistake is a ValueError that names the task and says what is allowed: an unknown name lists the
+built-ins, an unknown option lists the task's options, a bad value says the allowed range.
+
+:func:`corpus` is text from every built-in task (prompts and reference completions), for training the
+tiny demo model's tokenizer on exactly the characters and words the tasks use.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import itertools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from echo_runtime.tasks import arithmetic, base, knights_knaves, mathwords, sokoban
+
+_BUILTINS: dict[str, Callable[..., base.Task]] = {
+    "arithmetic": arithmetic.Arithmetic,
+    "knights_knaves": knights_knaves.KnightsKnaves,
+    "sokoban": sokoban.Sokoban,
+    "math": mathwords.MathWords,
+}
+BUILTIN_TASKS: tuple[str, ...] = tuple(_BUILTINS)
+
+# The corpus covers every operator and number length, not just the defaults, so that a tokenizer trained
+# on it can encode any option setting.
+_CORPUS_OPTIONS: dict[str, tuple[dict[str, Any], ...]] = {
+    "arithmetic": ({}, {"digits": 4, "ops": "+-*", "operands": 3}),
+    "knights_knaves": ({}, {"min_people": 6, "max_people": 8}),
+    "sokoban": ({},),
+    "math": ({},),
+}
+
+
+def get_task(name: str, options: Mapping[str, Any] | None = None) -> base.Task:
+    """The task called ``name`` (a built-in or ``module:function``), built with ``options``."""
+    given = dict(options or {})
+    if not isinstance(name, str):
+        raise ValueError(f"task name must be a string, got {name!r}")
+    if name in _BUILTINS:
+        factory = _BUILTINS[name]
+        _check_option_names(name, factory, given)
+        return factory(**given)
+    if ":" in name:
+        return _user_task(name, given)
+    raise ValueError(
+        f"unknown task {name!r}: built-in tasks are {', '.join(BUILTIN_TASKS)}; "
+        f"a task of your own is named 'module:function'"
+    )
+
+
+def corpus(seed: int = 0, per_task: int = 2000) -> list[str]:
+    """``per_task`` texts (prompt followed by reference completion) from each built-in task's train split."""
+    texts: list[str] = []
+    for name, settings in _CORPUS_OPTIONS.items():
+        for index, setting in enumerate(settings):
+            count = per_task // len(settings) + (1 if index < per_task % len(settings) else 0)
+            task = get_task(name, setting)
+            for problem in itertools.islice(task.prompts("train", seed), count):
+                texts.append(problem.prompt + task.reference(problem))
+    return texts
+
+
+def _check_option_names(name: str, factory: Callable[..., Any], given: Mapping[str, Any]) -> None:
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C function: nothing to check against
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return
+    allowed = [p.name for p in parameters if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    for option in given:
+        if option not in allowed:
+            listed = ", ".join(allowed) if allowed else "none"
+            raise ValueError(f"task {name!r}: unknown option {option!r}; allowed options: {listed}")
+
+
+def _user_task(name: str, given: Mapping[str, Any]) -> base.Task:
+    module_name, _, function_name = name.partition(":")
+    if not module_name or not function_name.isidentifier():
+        raise ValueError(
+            f"task {name!r}: a task of your own is named 'module:function', e.g. 'pkg.tasks:make'"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ValueError(f"task {name!r}: cannot import module {module_name!r}: {error}") from error
+    factory = getattr(module, function_name, None)
+    if not callable(factory):
+        raise ValueError(f"task {name!r}: module {module_name!r} has no function {function_name!r}")
+    _check_option_names(name, factory, given)
+    task = factory(**given)
+    if not isinstance(task, base.Task):
+        raise ValueError(
+            f"task {name!r}: {function_name}() returned a {type(task).__name__}, not a Task "
+            f"(an object with name, prompts, score and reference)"
+        )
+    return task
