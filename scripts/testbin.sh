@@ -91,6 +91,6 @@ if ! { have minio && have kube-apiserver && have kubectl && have etcd; }; then
   build_kube
 fi
 "$bin/kube-apiserver" --version >&2
-"$bin/etcd" --version | head -1 >&2
+"$bin/etcd" --version | sed -n 1p >&2
 log "ready: $bin"
 echo "$bin"
