@@ -46,6 +46,22 @@ def _dns_label(value: str) -> str:
     return value
 
 
+def cel(*rules: tuple[str, str] | tuple[str, str, str]) -> dict[str, Any]:
+    """CEL validation rules for the CRD schema (``x-kubernetes-validations``), as ``json_schema_extra``.
+
+    Each rule is ``(rule, message)`` or ``(rule, message, fieldPath)``. They restate, for the
+    Kubernetes API server, what the model's validators check in Python, plus transition rules
+    (``oldSelf``) that only an API server can enforce. The models stay the single source.
+    """
+    out: list[dict[str, str]] = []
+    for rule in rules:
+        entry = {"rule": rule[0], "message": rule[1]}
+        if len(rule) == 3:
+            entry["fieldPath"] = rule[2]
+        out.append(entry)
+    return {"x-kubernetes-validations": out}
+
+
 DnsLabel = Annotated[str, AfterValidator(_dns_label), Field(min_length=1, max_length=63)]
 """A Kubernetes object or pool name (DNS-1123 label)."""
 

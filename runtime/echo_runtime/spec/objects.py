@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
-from echo_runtime.spec.base import ObjectMeta, SpecModel
+from echo_runtime.spec.base import ObjectMeta, SpecModel, cel
 from echo_runtime.spec.policy import Algorithm, Model, SyncPolicySpec, Task
 from echo_runtime.spec.status import EchoJobStatus, SwarmStatus
 from echo_runtime.spec.swarms import InferencePool, InferenceSwarmSpec, Storage, TrainingSwarmSpec
@@ -19,20 +19,49 @@ from echo_runtime.spec.swarms import InferencePool, InferenceSwarmSpec, Storage,
 class EchoJobSpec(SpecModel):
     """A whole RL post-training job."""
 
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            (
+                "!(has(self.syncPolicy) && has(self.syncPolicyRef))",
+                "syncPolicyRef cannot be combined with an inline syncPolicy",
+                ".syncPolicyRef",
+            ),
+            (
+                "!(has(self.trainingSwarm) && has(self.trainingSwarmRef))",
+                "trainingSwarmRef cannot be combined with an inline trainingSwarm",
+                ".trainingSwarmRef",
+            ),
+            (  # in a cluster they would collide with `<job>-trainer-join` and `<job>-coordinator`
+                "self.inferenceSwarms.all(p, p.name != 'trainer' && p.name != 'coordinator')",
+                "pool names 'trainer' and 'coordinator' are reserved: they name other children of the job",
+                ".inferenceSwarms",
+            ),
+        )
+    )
+
     model: Model = Field(default_factory=Model)
+    """The base model and how it is fine-tuned; immutable once the job exists."""
     task: Task = Field(default_factory=Task)
+    """Prompt source and verifier."""
     algorithm: Algorithm = Field(default_factory=Algorithm)
+    """GRPO settings."""
     sync_policy: SyncPolicySpec | None = None
     """Inline sync policy (default: Async with maxStaleness 1); exclusive with ``syncPolicyRef``."""
     sync_policy_ref: str | None = None
     """Name of a SyncPolicy object in the same namespace."""
     storage: Storage = Field(default_factory=Storage)
+    """Where snapshots and checkpoints live (S3/MinIO in a cluster)."""
     training_swarm: TrainingSwarmSpec | None = None
     """Inline training swarm (default: one process); exclusive with ``trainingSwarmRef``."""
     training_swarm_ref: str | None = None
     """Name of a TrainingSwarm object in the same namespace."""
     inference_swarms: list[InferencePool] = Field(
-        default_factory=lambda: [InferencePool(name="default")], min_length=1, max_length=64
+        default_factory=lambda: [InferencePool(name="default")],
+        min_length=1,
+        max_length=64,
+        # A list keyed by pool name: the API server rejects duplicate names, and server-side apply
+        # (kubectl, Argo CD, Flux) merges pools by name instead of replacing the whole list.
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     """Inference pools; each inline or a ``swarmRef``."""
     suspend: bool = False
@@ -56,6 +85,24 @@ class EchoJobSpec(SpecModel):
 
 class EchoJob(SpecModel):
     """An RL post-training job (``kind: EchoJob``)."""
+
+    # Rules only the API server applies: a cluster's pods share snapshots through S3, and child
+    # names (``<name>-coordinator``, ``<name>-trainer-0``) must stay valid DNS labels.
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            (  # no fieldPath: it cannot point into metadata
+                "self.metadata.name.size() <= 40 && self.metadata.name.matches('^[a-z]')",
+                "EchoJob names must start with a letter and have at most 40 characters: they prefix "
+                "the names of the job's Services and pods",
+            ),
+            (
+                "has(self.spec) && self.spec.storage.type == 'S3'",
+                "must be S3 in a cluster: pods on different nodes share snapshots through "
+                "S3/MinIO (manifests/ ships a dev MinIO)",
+                ".spec.storage.type",
+            ),
+        )
+    )
 
     api_version: Literal["echorl.dev/v1alpha1"] = "echorl.dev/v1alpha1"
     kind: Literal["EchoJob"] = "EchoJob"

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
-from echo_runtime.spec.base import SpecModel
+from echo_runtime.spec.base import SpecModel, cel
 
 
 class LoRA(SpecModel):
@@ -23,6 +23,7 @@ class LoRA(SpecModel):
     alpha: float = Field(default=32.0, gt=0)
     """Scaling numerator: the update is scaled by alpha / rank."""
     dropout: float = Field(default=0.0, ge=0, lt=1)
+    """Dropout on the adapter's input."""
     target_modules: list[str] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         min_length=1,
@@ -32,6 +33,16 @@ class LoRA(SpecModel):
 
 class Model(SpecModel):
     """The policy's base model and how it is fine-tuned."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            (
+                "self == oldSelf",
+                "model is immutable once the job exists: its snapshots belong to this base model and "
+                "adapter shape; create a new EchoJob to train another model",
+            )
+        )
+    )
 
     path: str = Field(default="echorl:tiny", min_length=1)
     """A local Hugging Face directory, a hub id (``Qwen/Qwen3-0.6B``), or ``echorl:tiny`` /
@@ -65,14 +76,18 @@ class Sampling(SpecModel):
     """Generation settings every worker uses."""
 
     temperature: float = Field(default=1.0, gt=0, le=10)
+    """Sampling temperature."""
     top_p: float = Field(default=1.0, gt=0, le=1)
+    """Nucleus sampling: keep the smallest token set with this much probability."""
     max_new_tokens: int = Field(default=32, ge=1, le=32_768)
+    """Longest completion, in tokens."""
 
 
 class Algorithm(SpecModel):
     """GRPO with a PPO-clip loss on the ratio to the behaviour policy."""
 
     name: Literal["GRPO"] = "GRPO"
+    """The algorithm; GRPO is the one implemented."""
     group_size: int = Field(default=8, ge=2, le=1024)
     """n: completions sampled per prompt; advantages are normalised within a group."""
     batch_size: int = Field(default=8, ge=1, le=65_536)
@@ -80,6 +95,7 @@ class Algorithm(SpecModel):
     micro_batch_size: int = Field(default=8, ge=1)
     """Rollouts per forward/backward pass; gradients are accumulated over the batch."""
     learning_rate: float = Field(default=1e-4, gt=0, le=1)
+    """AdamW learning rate."""
     clip_range: float = Field(default=0.2, gt=0, le=1)
     """ε of the PPO-clip objective."""
     kl_coef: float = Field(default=0.0, ge=0)
@@ -89,7 +105,9 @@ class Algorithm(SpecModel):
     max_steps: int = Field(default=100, ge=1)
     """Optimizer steps (policy versions) to train."""
     sampling: Sampling = Field(default_factory=Sampling)
+    """Generation settings every worker uses."""
     seed: int = Field(default=0, ge=0)
+    """Seed of prompt order, sampling and initialisation."""
 
 
 class Retention(SpecModel):
@@ -103,6 +121,22 @@ class Retention(SpecModel):
 
 class SyncPolicySpec(SpecModel):
     """How rollouts and policy versions are kept in step, and the staleness bound Δmax."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            (
+                "self.refreshThreshold <= self.maxStaleness",
+                "refreshThreshold must be ≤ maxStaleness: a worker may not generate with a version "
+                "older than Δmax allows",
+                ".refreshThreshold",
+            ),
+            (
+                "self.mode == 'Async' || !has(self.bufferSize)",
+                "bufferSize is only allowed in Async mode (Sequential has no replay buffer)",
+                ".bufferSize",
+            ),
+        )
+    )
 
     mode: Literal["Sequential", "Async"] = "Async"
     """``Sequential``: the trainer asks for a batch at version t and workers load t first.
@@ -118,6 +152,7 @@ class SyncPolicySpec(SpecModel):
     buffer_size: int | None = Field(default=None, ge=1)
     """Async only: replay-buffer capacity in groups (default 2 × batchSize); leasing pauses when full."""
     retention: Retention = Field(default_factory=Retention)
+    """How many snapshots and checkpoints the store keeps."""
 
     @model_validator(mode="after")
     def _consistent(self) -> SyncPolicySpec:

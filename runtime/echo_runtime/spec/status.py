@@ -7,11 +7,15 @@ Conditions follow the Kubernetes API conventions: a ``type`` (``Ready``, ``Progr
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
 from echo_runtime.spec.base import SpecModel
+
+# Lists keyed like Kubernetes' own status lists, so patches and server-side apply merge by key.
+_MAP_BY_TYPE: dict[str, Any] = {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}
+_MAP_BY_NAME: dict[str, Any] = {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]}
 
 ConditionType = Literal["Ready", "Progressing", "StalenessBounded", "Degraded", "Suspended"]
 
@@ -20,10 +24,15 @@ class Condition(SpecModel):
     """One observation of the object's state."""
 
     type: str
+    """Condition type: Ready, Progressing, StalenessBounded, Degraded or Suspended."""
     status: Literal["True", "False", "Unknown"]
+    """Whether the condition holds."""
     reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", max_length=1024)
+    """Why the condition has this status, in one CamelCase word."""
     message: str = Field(default="", max_length=32_768)
+    """What a human should know: details, names, numbers."""
     observed_generation: int | None = Field(default=None, ge=0)
+    """The ``metadata.generation`` this condition was computed for."""
     last_transition_time: str | None = None
     """RFC 3339 time of the last change of ``status``."""
 
@@ -32,29 +41,43 @@ class ExternalWorker(SpecModel):
     """A worker that joined from outside the cluster, as the coordinator reports it."""
 
     id: str
+    """Worker id (the pod name for workers inside the cluster)."""
     backend: str
+    """Inference backend the worker runs."""
     device: str
+    """Device the backend runs on (cpu, cuda, mps)."""
     loaded_version: int | None = None
+    """Policy version the worker has loaded."""
     last_heartbeat: str | None = None
+    """RFC 3339 time of the worker's last heartbeat."""
 
 
 class PoolStatus(SpecModel):
     """Status of one inference pool."""
 
     name: str
+    """Pool name."""
     replicas: int = 0
+    """Worker pods of the pool's Deployment."""
     ready_replicas: int = 0
+    """Worker pods that are ready."""
     workers: int = 0
     """Workers registered with the coordinator (pods and external)."""
     observed_policy_version: int | None = None
     """The oldest policy version loaded by a live worker of this pool."""
     external_workers: list[ExternalWorker] = Field(default_factory=list)
+    """Workers that joined from outside the cluster."""
 
 
 class EchoJobStatus(SpecModel):
     """What the operator last observed of a job."""
 
     observed_generation: int | None = None
+    """The ``metadata.generation`` the operator last reconciled."""
+    mode: Literal["Sequential", "Async"] | None = None
+    """The sync mode in force (from the inline or referenced SyncPolicy)."""
+    max_staleness: int | None = None
+    """Δmax in force (from the inline or referenced SyncPolicy)."""
     policy_version: int | None = None
     """t_train: optimizer steps applied."""
     max_observed_staleness: int | None = None
@@ -64,19 +87,25 @@ class EchoJobStatus(SpecModel):
     weighted_stale: int = 0
     """Groups consumed with importance weights because they were stale."""
     reward: float | None = None
+    """Mean reward of the rollouts consumed recently, as the coordinator reports it."""
     rollouts_per_second: float | None = None
-    pools: list[PoolStatus] = Field(default_factory=list)
-    conditions: list[Condition] = Field(default_factory=list)
+    """Rollouts pushed per second, across all workers."""
+    pools: list[PoolStatus] = Field(default_factory=list, json_schema_extra=_MAP_BY_NAME)
+    """One entry per inference pool."""
+    conditions: list[Condition] = Field(default_factory=list, json_schema_extra=_MAP_BY_TYPE)
+    """Ready, Progressing, StalenessBounded, Degraded, Suspended."""
 
 
 class SwarmStatus(SpecModel):
     """Status of a standalone InferenceSwarm, TrainingSwarm or SyncPolicy object."""
 
     observed_generation: int | None = None
+    """The ``metadata.generation`` the operator last reconciled."""
     replicas: int | None = None
     """Current worker pods (the scale subresource's status replicas)."""
     selector: str | None = None
     """Label selector of the pool's pods (the scale subresource's selector, for an HPA)."""
     used_by: list[str] = Field(default_factory=list)
     """EchoJobs that reference this object."""
-    conditions: list[Condition] = Field(default_factory=list)
+    conditions: list[Condition] = Field(default_factory=list, json_schema_extra=_MAP_BY_TYPE)
+    """Conditions of the object (``Ready`` once every job using it has its children)."""

@@ -7,18 +7,35 @@ torch.distributed group that runs the trainer.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
-from echo_runtime.spec.base import SpecModel
+from echo_runtime.spec.base import SpecModel, cel
 from echo_runtime.spec.scheduling import Placement
 
 
 class Storage(SpecModel):
     """The snapshot store: a local directory (the embedded default) or an S3/MinIO bucket."""
 
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            (
+                "self.type != 'S3' || (has(self.endpoint) && has(self.bucket))",
+                "endpoint and bucket are required when type is S3",
+            ),
+            (
+                "self.type == oldSelf.type && self.prefix == oldSelf.prefix && self.path == oldSelf.path"
+                " && (has(self.bucket) ? has(oldSelf.bucket) && self.bucket == oldSelf.bucket"
+                " : !has(oldSelf.bucket))",
+                "storage type, bucket, prefix and path are immutable once the job exists: its snapshots "
+                "live there; create a new EchoJob to use another store",
+            ),
+        )
+    )
+
     type: Literal["Local", "S3"] = "Local"
+    """``Local`` (a directory; ``echorl run`` only) or ``S3`` (S3 or MinIO; required in a cluster)."""
     path: str = Field(default="runs/store", min_length=1)
     """Local: the store's root directory (relative paths are relative to the working directory)."""
     endpoint: str | None = None
@@ -32,6 +49,7 @@ class Storage(SpecModel):
     secure: bool = True
     """S3: use HTTPS."""
     region: str | None = None
+    """S3: region of the bucket (MinIO ignores it)."""
     credentials_secret: str | None = None
     """S3: name of a Secret with keys ``accessKey`` and ``secretKey``. Locally the credentials come
     from ``ECHORL_S3_ACCESS_KEY`` / ``ECHORL_S3_SECRET_KEY`` instead."""
@@ -51,8 +69,31 @@ Backend = Literal["transformers", "mlx", "vllm"]
 Device = Literal["auto", "cpu", "cuda", "mps"]
 
 
+# Guarded with has(): inside an EchoJob's inferenceSwarms the fields carry no schema defaults (see
+# InferencePool), so an omitted field means "the default" there.
+_SWARM_RULES: tuple[tuple[str, str, str], ...] = (
+    (
+        "!(has(self.backend) && self.backend == 'vllm' && has(self.device) && self.device in ['cpu', 'mps'])",
+        "the vllm backend needs CUDA: set device to cuda or auto",
+        ".device",
+    ),
+    (
+        "!(has(self.backend) && self.backend == 'mlx' && has(self.device) && self.device == 'cuda')",
+        "the mlx backend runs on Apple Silicon or CPU, not cuda",
+        ".device",
+    ),
+    (
+        "!(has(self.external) && self.external && has(self.replicas) && self.replicas != 0)",
+        "external pools create no pods: leave replicas unset",
+        ".replicas",
+    ),
+)
+
+
 class InferenceSwarmSpec(Placement):
     """One pool of inference workers of one backend."""
+
+    model_config = ConfigDict(json_schema_extra=cel(*_SWARM_RULES))
 
     backend: Backend = "transformers"
     """``transformers`` (torch: CPU, CUDA, MPS), ``mlx`` (Apple Silicon; slow on Linux CPU) or
@@ -60,6 +101,7 @@ class InferenceSwarmSpec(Placement):
     replicas: int | None = Field(default=None, ge=0, le=100_000)
     """Worker count. Optional so an autoscaler or ``kubectl scale`` may own it (default 1)."""
     device: Device = "auto"
+    """Torch device: ``auto`` picks CUDA, then MPS, then CPU."""
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
     """Inference dtype; defaults to the model's dtype."""
     external: bool = False
@@ -80,8 +122,31 @@ class InferenceSwarmSpec(Placement):
         return self
 
 
+def _pool_schema(schema: dict[str, Any]) -> None:
+    """CRD schema of an inline pool: no defaults on its own fields, and ``swarmRef`` excludes them.
+
+    A default would make every field present after the API server's defaulting, so ``swarmRef``
+    could never be used alone; the operator applies the defaults when it resolves the pool.
+    """
+    properties: dict[str, Any] = schema.get("properties", {})
+    for prop in properties.values():
+        prop.pop("default", None)
+    inline = [name for name in properties if name not in ("name", "swarmRef")]
+    rules = [*_SWARM_RULES]
+    rules.append(
+        (
+            "!has(self.swarmRef) || !(" + " || ".join(f"has(self.{name})" for name in inline) + ")",
+            "swarmRef cannot be combined with inline pool fields; set them on the referenced InferenceSwarm",
+            ".swarmRef",
+        )
+    )
+    schema.update(cel(*rules))
+
+
 class InferencePool(InferenceSwarmSpec):
     """An inference pool of an EchoJob: inline fields, or ``swarmRef`` to a separate InferenceSwarm."""
+
+    model_config = ConfigDict(json_schema_extra=_pool_schema)
 
     name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=40)
     """Pool name, unique within the job; names the pool's Deployment and metrics."""
@@ -100,14 +165,28 @@ class InferencePool(InferenceSwarmSpec):
 class TrainingSwarmSpec(Placement):
     """The trainer's torch.distributed group; rank 0 publishes snapshots."""
 
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            (
+                "self.gpusPerNode == 0 || self.processesPerNode <= self.gpusPerNode",
+                "processesPerNode must be ≤ gpusPerNode (one process per GPU)",
+                ".processesPerNode",
+            )
+        )
+    )
+
     nodes: int = Field(default=1, ge=1, le=4096)
+    """Trainer nodes (pods of the trainer StatefulSet); torchrun ``--nnodes``."""
     processes_per_node: int = Field(default=1, ge=1, le=64)
     """torchrun ``--nproc-per-node``; one per GPU on GPU nodes."""
     gpus_per_node: int = Field(default=0, ge=0, le=64)
+    """GPUs each trainer pod requests (``nvidia.com/gpu``); 0 trains on CPU."""
     device: Device = "auto"
+    """Torch device: ``auto`` picks CUDA, then MPS, then CPU."""
     checkpoint_interval: int = Field(default=10, ge=1)
     """Checkpoint (weights, optimizer, step, RNG) every N optimizer steps."""
     threads: int | None = Field(default=None, ge=1, le=1024)
+    """CPU threads per trainer process (torch); default: the process's share of the cores."""
 
     @model_validator(mode="after")
     def _gpus(self) -> TrainingSwarmSpec:

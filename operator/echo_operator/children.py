@@ -1,0 +1,748 @@
+"""The children an EchoJob needs, computed by pure functions from its resolved spec.
+
+:func:`desired` turns a :class:`JobInput` (the job with its references resolved, the storage wiring and
+the digests of its join tokens) into the list of Kubernetes objects the operator server-side-applies:
+
+* ``<job>-config`` ConfigMap: the job manifest the processes read (placement and replicas left out, so
+  scaling a pool or moving it to other nodes does not restart the coordinator and the trainer);
+* ``<job>-tokens`` Secret: the coordinator's tokens file, SHA-256 digests only (docs/contracts.md);
+* ``<job>-coordinator`` Deployment (a singleton, ``Recreate``) and Service, plus
+  ``<job>-coordinator-external`` when a pool has external workers;
+* ``<job>-<pool>`` Deployment per in-cluster inference pool, with that pool's image, node selector,
+  tolerations, affinity and resources (``nvidia.com/gpu`` added for GPU pools);
+* ``<job>-trainer`` StatefulSet and headless Service: torch.distributed rendezvous at rank 0's stable
+  DNS name, ``NODE_RANK`` from the pod-index label.
+
+Promises: the same input gives byte-identical output (re-applying changes nothing); every object is
+labelled (:mod:`echo_operator.names`) and controlled by the EchoJob through an owner reference;
+``suspend`` sets every replica count to zero; a pool whose ``replicas`` is unset leaves the field
+unowned, so ``kubectl scale`` or an HPA on the Deployment is not fought. Join-token Secrets hold
+random tokens, so they are made by :func:`join_secret` from a token the caller generated.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import yaml
+
+from echo_operator import names
+from echo_operator.config import Settings
+from echo_runtime import spec as echo_spec
+
+Object = dict[str, Any]
+
+CONFIG_DIR = "/etc/echorl/job"
+TOKENS_DIR = "/etc/echorl/tokens"
+JOB_FILE = f"{CONFIG_DIR}/job.yaml"
+TOKENS_FILE = f"{TOKENS_DIR}/tokens.yaml"
+GPU = "nvidia.com/gpu"
+
+
+@dataclasses.dataclass(frozen=True)
+class Pool:
+    """One inference pool of the job, resolved."""
+
+    name: str
+    spec: echo_spec.InferenceSwarmSpec
+    swarm: str | None = None
+    """The InferenceSwarm object it comes from (None for an inline pool)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreWiring:
+    """Which Secret keys hold the snapshot store's credentials, for whom.
+
+    The coordinator and the trainer get the job's credentials (``spec.storage.credentialsSecret``);
+    inference pods get the read-only pair when the store could issue one, else the same pair.
+    """
+
+    secret: str | None
+    access_key: str = "accessKey"
+    secret_key: str = "secretKey"
+    readonly_secret: str | None = None
+    readonly_access_key: str = "accessKey"
+    readonly_secret_key: str = "secretKey"
+
+
+@dataclasses.dataclass(frozen=True)
+class JobInput:
+    """Everything the children depend on: nothing here is read from the cluster by this module."""
+
+    name: str
+    namespace: str
+    uid: str
+    spec: echo_spec.EchoJobSpec
+    sync_policy: echo_spec.SyncPolicySpec
+    training: echo_spec.TrainingSwarmSpec
+    pools: tuple[Pool, ...]
+    token_digests: Mapping[str, str]
+    """``trainer`` and each pool name → hex SHA-256 of its join token."""
+    store: StoreWiring = StoreWiring(secret=None)
+
+    @classmethod
+    def from_resolved(
+        cls,
+        resolved: echo_spec.ResolvedJob,
+        uid: str,
+        token_digests: Mapping[str, str],
+        store: StoreWiring,
+    ) -> JobInput:
+        refs = {p.name: p.swarm_ref for p in resolved.spec.inference_swarms}
+        return cls(
+            name=resolved.name,
+            namespace=resolved.namespace or "default",
+            uid=uid,
+            spec=resolved.spec,
+            sync_policy=resolved.sync_policy,
+            training=resolved.training_swarm,
+            pools=tuple(
+                Pool(name, pool_spec, refs.get(name)) for name, pool_spec in resolved.inference_pools
+            ),
+            token_digests=dict(token_digests),
+            store=store,
+        )
+
+    @property
+    def suspended(self) -> bool:
+        return self.spec.suspend
+
+    @property
+    def has_external_pools(self) -> bool:
+        return any(p.spec.external for p in self.pools)
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+
+
+def owner_reference(job: JobInput) -> Object:
+    return {
+        "apiVersion": echo_spec.GROUP_VERSION,
+        "kind": "EchoJob",
+        "name": job.name,
+        "uid": job.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _meta(
+    job: JobInput,
+    name: str,
+    component: names.Component,
+    pool: str | None = None,
+    swarm: str | None = None,
+) -> Object:
+    return {
+        "name": name,
+        "namespace": job.namespace,
+        "labels": names.labels(job.name, component, pool, swarm),
+        "ownerReferences": [owner_reference(job)],
+    }
+
+
+def digest(*parts: str) -> str:
+    """Short stable hash of the given texts (for the pod-template ``spec-hash`` annotation)."""
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def _resources(resources: echo_spec.Resources, gpus: int = 0) -> Object:
+    """Container resources; ``gpus`` > 0 adds ``nvidia.com/gpu`` unless the spec already sets it."""
+    requests = dict(resources.requests)
+    limits = dict(resources.limits)
+    if gpus and GPU not in limits and GPU not in requests:
+        limits[GPU] = str(gpus)
+    out: Object = {}
+    if requests:
+        out["requests"] = dict(sorted(requests.items()))
+    if limits:
+        out["limits"] = dict(sorted(limits.items()))
+    return out
+
+
+def _affinity(affinity: echo_spec.Affinity | None) -> Object | None:
+    if affinity is None or affinity.node_affinity is None:
+        return None
+    node = affinity.node_affinity
+    out: Object = {}
+    if node.required:
+        out["requiredDuringSchedulingIgnoredDuringExecution"] = {
+            "nodeSelectorTerms": [_drop_empty(term.to_manifest()) for term in node.required]
+        }
+    if node.preferred:
+        out["preferredDuringSchedulingIgnoredDuringExecution"] = [
+            _drop_empty(p.to_manifest()) for p in node.preferred
+        ]
+    return {"nodeAffinity": out} if out else None
+
+
+def _placement(placement: echo_spec.Placement) -> Object:
+    """nodeSelector / tolerations / affinity of a pod spec (keys only when set)."""
+    out: Object = {}
+    if placement.node_selector:
+        out["nodeSelector"] = dict(sorted(placement.node_selector.items()))
+    if placement.tolerations:
+        out["tolerations"] = [t.to_manifest() for t in placement.tolerations]
+    affinity = _affinity(placement.affinity)
+    if affinity is not None:
+        out["affinity"] = affinity
+    return out
+
+
+def _secret_env(name: str, secret: str, key: str) -> Object:
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+
+
+def _field_env(name: str, path: str) -> Object:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def _store_env(store: StoreWiring, readonly: bool) -> list[Object]:
+    if readonly and store.readonly_secret is not None:
+        secret, access, secret_key = (
+            store.readonly_secret,
+            store.readonly_access_key,
+            store.readonly_secret_key,
+        )
+    elif store.secret is not None:
+        secret, access, secret_key = store.secret, store.access_key, store.secret_key
+    else:
+        return []  # ambient credentials (e.g. IAM roles for service accounts)
+    return [
+        _secret_env("ECHORL_S3_ACCESS_KEY", secret, access),
+        _secret_env("ECHORL_S3_SECRET_KEY", secret, secret_key),
+    ]
+
+
+def _common_env() -> list[Object]:
+    return [
+        _field_env("POD_NAME", "metadata.name"),
+        _field_env("POD_NAMESPACE", "metadata.namespace"),
+        {"name": "HOME", "value": "/tmp"},
+        {"name": "ECHORL_CACHE_DIR", "value": "/cache/echorl"},
+        {"name": "HF_HOME", "value": "/cache/huggingface"},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+
+
+_CONTAINER_SECURITY: Object = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+_POD_SECURITY: Object = {
+    "runAsNonRoot": True,
+    "runAsUser": 1000,
+    "runAsGroup": 1000,
+    "fsGroup": 1000,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def _scratch_volumes(shm: bool) -> tuple[list[Object], list[Object]]:
+    """Writable scratch (the root filesystem is read-only) and, for GPU/NCCL processes, a large /dev/shm."""
+    volumes: list[Object] = [{"name": "tmp", "emptyDir": {}}, {"name": "cache", "emptyDir": {}}]
+    mounts: list[Object] = [{"name": "tmp", "mountPath": "/tmp"}, {"name": "cache", "mountPath": "/cache"}]
+    if shm:
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    return volumes, mounts
+
+
+def _config_volume(job: JobInput) -> tuple[Object, Object]:
+    return (
+        {"name": "job", "configMap": {"name": names.config(job.name)}},
+        {"name": "job", "mountPath": CONFIG_DIR, "readOnly": True},
+    )
+
+
+def _pod_spec(
+    containers: list[Object], volumes: list[Object], placement: echo_spec.Placement, **extra: Any
+) -> Object:
+    pod: Object = {
+        "automountServiceAccountToken": False,  # no Echo process talks to the Kubernetes API
+        "enableServiceLinks": False,
+        "securityContext": _POD_SECURITY,
+        "containers": containers,
+        "volumes": volumes,
+        **_placement(placement),
+    }
+    pod.update(extra)
+    return pod
+
+
+def _replicas(job: JobInput, wanted: int) -> int:
+    return 0 if job.suspended else wanted
+
+
+# ---------------------------------------------------------------------------------------------
+# The job manifest the processes read
+
+
+_PLACEMENT = frozenset({"image", "resources", "node_selector", "tolerations", "affinity"})
+
+
+def process_manifest(job: JobInput) -> Object:
+    """The self-contained EchoJob every Echo process of the job reads from ``<job>-config``.
+
+    References are resolved; what only the operator uses (placement, replicas, suspend) is left
+    out, so that scaling a pool or moving it to other nodes does not change this file, which would
+    roll the coordinator and the trainer.
+    """
+    keep_training = set(echo_spec.TrainingSwarmSpec.model_fields) - _PLACEMENT
+    keep_pool = set(echo_spec.InferenceSwarmSpec.model_fields) - _PLACEMENT - {"replicas"}
+    body = echo_spec.EchoJobSpec(
+        model=job.spec.model,
+        task=job.spec.task,
+        algorithm=job.spec.algorithm,
+        sync_policy=job.sync_policy,
+        storage=job.spec.storage,
+        training_swarm=echo_spec.TrainingSwarmSpec(**{k: getattr(job.training, k) for k in keep_training}),
+        inference_swarms=[
+            echo_spec.InferencePool(name=p.name, **{k: getattr(p.spec, k) for k in keep_pool})
+            for p in job.pools
+        ],
+    )
+    manifest = echo_spec.EchoJob(
+        metadata=echo_spec.ObjectMeta(name=job.name, namespace=job.namespace), spec=body
+    ).model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"spec": {"suspend"}})
+    return dict(_drop_empty(manifest))
+
+
+def _drop_empty(value: Any) -> Any:
+    """Leave out empty maps and lists (``nodeSelector: {}``): noise in a file people read."""
+    if isinstance(value, dict):
+        pruned = {k: _drop_empty(v) for k, v in value.items()}
+        return {k: v for k, v in pruned.items() if v not in ({}, [])}
+    if isinstance(value, list):
+        return [_drop_empty(v) for v in value]
+    return value
+
+
+def config_map(job: JobInput) -> Object:
+    text = yaml.safe_dump(process_manifest(job), sort_keys=False, allow_unicode=True)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(job, names.config(job.name), "config"),
+        "data": {"job.yaml": text},
+    }
+
+
+def tokens_file(job: JobInput) -> str:
+    """The coordinator's ``--tokens-file``: ``sha256:<hex>`` per role, so it never holds a token."""
+    data = {
+        "trainer": f"sha256:{job.token_digests['trainer']}",
+        "pools": {p.name: f"sha256:{job.token_digests[p.name]}" for p in job.pools},
+    }
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def tokens_secret(job: JobInput) -> Object:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(job, names.tokens_secret(job.name), "join-token"),
+        "type": "Opaque",
+        "data": {"tokens.yaml": _b64(tokens_file(job))},
+    }
+
+
+def join_secret(
+    job_name: str,
+    namespace: str,
+    owner: Object,
+    role: str,
+    token: str,
+    coordinator_url: str | None = None,
+) -> Object:
+    """A join token Secret (``<job>-<role>-join``, key ``token``; ``coordinator`` when known)."""
+    data = {"token": _b64(token)}
+    if coordinator_url:
+        data["coordinator"] = _b64(coordinator_url)
+    labels = names.labels(job_name, "join-token", None if role == "trainer" else role)
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": names.join_secret(job_name, role),
+            "namespace": namespace,
+            "labels": labels,
+            "ownerReferences": [owner],
+        },
+        "type": "Opaque",
+        "data": data,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Coordinator
+
+
+def coordinator_deployment(job: JobInput, settings: Settings) -> Object:
+    config_volume, config_mount = _config_volume(job)
+    scratch, scratch_mounts = _scratch_volumes(shm=False)
+    container: Object = {
+        "name": "coordinator",
+        "image": settings.images.coordinator,
+        "imagePullPolicy": settings.image_pull_policy,
+        # `command`, not `args`: the whole argv, whatever the image's entrypoint is.
+        "command": [
+            "echorl",
+            "coordinator",
+            "--job",
+            JOB_FILE,
+            "--tokens-file",
+            TOKENS_FILE,
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(names.COORDINATOR_PORT),
+        ],
+        "ports": [{"name": "http", "containerPort": names.COORDINATOR_PORT, "protocol": "TCP"}],
+        "env": _common_env() + _store_env(job.store, readonly=False),
+        "readinessProbe": {
+            "httpGet": {"path": "/healthz", "port": "http"},
+            "periodSeconds": 5,
+            "failureThreshold": 3,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", "port": "http"},
+            "periodSeconds": 10,
+            "failureThreshold": 6,
+        },
+        "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}},
+        "securityContext": _CONTAINER_SECURITY,
+        "volumeMounts": [
+            config_mount,
+            {"name": "tokens", "mountPath": TOKENS_DIR, "readOnly": True},
+            *scratch_mounts,
+        ],
+    }
+    volumes = [
+        config_volume,
+        {"name": "tokens", "secret": {"secretName": names.tokens_secret(job.name)}},
+        *scratch,
+    ]
+    pod_labels = names.labels(job.name, "coordinator")
+    hash_ = digest(yaml.safe_dump(process_manifest(job)), tokens_file(job))
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(job, names.coordinator(job.name), "coordinator"),
+        "spec": {
+            "replicas": _replicas(job, 1),
+            # One coordinator per job: two at once would split the workers between two buffers.
+            "strategy": {"type": "Recreate"},
+            "revisionHistoryLimit": 3,
+            "selector": {"matchLabels": names.selector(job.name, "coordinator")},
+            "template": {
+                "metadata": {
+                    "labels": pod_labels,
+                    "annotations": {
+                        names.SPEC_HASH: hash_,
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(names.COORDINATOR_PORT),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": _pod_spec([container], volumes, echo_spec.Placement()),
+            },
+        },
+    }
+
+
+def coordinator_service(job: JobInput) -> Object:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(job, names.coordinator(job.name), "coordinator"),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": names.selector(job.name, "coordinator"),
+            "ports": [
+                {"name": "http", "port": names.COORDINATOR_PORT, "targetPort": "http", "protocol": "TCP"}
+            ],
+        },
+    }
+
+
+def coordinator_external_service(job: JobInput, settings: Settings) -> Object | None:
+    """The Service external workers reach the coordinator through (None if not wanted)."""
+    if not job.has_external_pools or settings.external_service_type == "None":
+        return None
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(job, names.coordinator_external(job.name), "coordinator"),
+        "spec": {
+            "type": settings.external_service_type,
+            "selector": names.selector(job.name, "coordinator"),
+            "ports": [
+                {"name": "http", "port": names.COORDINATOR_PORT, "targetPort": "http", "protocol": "TCP"}
+            ],
+        },
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Inference pools
+
+
+def is_gpu_pool(pool: echo_spec.InferenceSwarmSpec) -> bool:
+    return pool.backend == "vllm" or pool.device == "cuda"
+
+
+def worker_args(job: JobInput, pool: Pool) -> list[str]:
+    """The ``echorl worker`` command line of a pool (the join token comes from ``ECHORL_TOKEN``)."""
+    p = pool.spec
+    args = [
+        "echorl",
+        "worker",
+        "--job",
+        JOB_FILE,
+        "--coordinator",
+        names.coordinator_url(job.name, job.namespace),
+        "--pool",
+        pool.name,
+        "--backend",
+        p.backend,
+        "--device",
+        p.device,
+        "--capacity",
+        str(p.capacity),
+    ]
+    if p.dtype is not None:
+        args += ["--dtype", p.dtype]
+    if p.threads is not None:
+        args += ["--threads", str(p.threads)]
+    return args
+
+
+def pool_hash(pool: Pool) -> str:
+    """Hash of what a pool's pods run: its spec without ``replicas`` (scaling must not roll pods)."""
+    body = pool.spec.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"replicas"})
+    return digest(pool.name, json.dumps(body, sort_keys=True))
+
+
+def pool_deployment(job: JobInput, pool: Pool, settings: Settings) -> Object | None:
+    """The Deployment of one in-cluster pool; None for an external pool (it has no pods)."""
+    p = pool.spec
+    if p.external:
+        return None
+    gpu = is_gpu_pool(p)
+    config_volume, config_mount = _config_volume(job)
+    scratch, scratch_mounts = _scratch_volumes(shm=gpu)
+    env = [
+        *_common_env(),
+        _secret_env("ECHORL_TOKEN", names.join_secret(job.name, pool.name), "token"),
+        *_store_env(job.store, readonly=True),
+    ]
+    if p.threads is not None:
+        env.append({"name": "OMP_NUM_THREADS", "value": str(p.threads)})
+    container: Object = {
+        "name": "worker",
+        "image": p.image or settings.images.worker(p.backend, p.device),
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": worker_args(job, pool),
+        "env": env,
+        "resources": _resources(p.resources, gpus=1 if gpu else 0),
+        "securityContext": _CONTAINER_SECURITY,
+        "volumeMounts": [config_mount, *scratch_mounts],
+    }
+    pod_labels = names.labels(job.name, "inference", pool.name, pool.swarm)
+    deployment_spec: Object = {}
+    if job.suspended:
+        deployment_spec["replicas"] = 0
+    elif p.replicas is not None:
+        deployment_spec["replicas"] = p.replicas
+    # else: the field stays unowned, so `kubectl scale deployment` or an HPA may own it.
+    deployment_spec.update(
+        {
+            "revisionHistoryLimit": 3,
+            # GPUs are scarce: replace a GPU worker in place rather than surging onto a free GPU.
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}
+                if gpu
+                else {"maxSurge": "25%", "maxUnavailable": "25%"},
+            },
+            "selector": {"matchLabels": names.selector(job.name, "inference", pool.name)},
+            "template": {
+                "metadata": {
+                    "labels": pod_labels,
+                    "annotations": {names.SPEC_HASH: pool_hash(pool)},
+                },
+                "spec": _pod_spec(
+                    [container], [config_volume, *scratch], p, terminationGracePeriodSeconds=30
+                ),
+            },
+        }
+    )
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(job, names.pool(job.name, pool.name), "inference", pool.name, pool.swarm),
+        "spec": deployment_spec,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Trainer
+
+
+def trainer_args(job: JobInput) -> list[str]:
+    """``echorl trainer``, under torchrun when the group has more than one process."""
+    t = job.training
+    trainer = [
+        "echorl",
+        "trainer",
+        "--job",
+        JOB_FILE,
+        "--coordinator",
+        names.coordinator_url(job.name, job.namespace),
+        # A restarted trainer (node lost, spec changed, resumed from suspend) continues from the
+        # newest checkpoint in the store instead of refusing to overwrite it.
+        "--resume",
+    ]
+    if t.nodes * t.processes_per_node == 1:
+        return trainer
+    return [
+        "torchrun",
+        "--no-python",
+        "--nnodes=$(NNODES)",
+        "--nproc-per-node=$(NPROC_PER_NODE)",
+        "--node-rank=$(NODE_RANK)",
+        "--master-addr=$(MASTER_ADDR)",
+        "--master-port=$(MASTER_PORT)",
+        *trainer,
+    ]
+
+
+def rendezvous_env(job: JobInput) -> list[Object]:
+    """torch.distributed environment: rank 0's stable DNS name, world shape, this pod's node rank."""
+    t = job.training
+    master = f"{names.trainer(job.name)}-0.{names.trainer(job.name)}.{job.namespace}.svc"
+    return [
+        {"name": "MASTER_ADDR", "value": master},
+        {"name": "MASTER_PORT", "value": str(names.RENDEZVOUS_PORT)},
+        {"name": "NNODES", "value": str(t.nodes)},
+        {"name": "NPROC_PER_NODE", "value": str(t.processes_per_node)},
+        # The StatefulSet controller labels each pod with its ordinal (Kubernetes ≥ 1.28).
+        _field_env("NODE_RANK", "metadata.labels['apps.kubernetes.io/pod-index']"),
+    ]
+
+
+def trainer_statefulset(job: JobInput, settings: Settings) -> Object:
+    t = job.training
+    config_volume, config_mount = _config_volume(job)
+    gpus = t.gpus_per_node
+    scratch, scratch_mounts = _scratch_volumes(shm=gpus > 0 or t.processes_per_node > 1)
+    env = (
+        _common_env()
+        + rendezvous_env(job)
+        + [
+            _secret_env("ECHORL_TRAINER_TOKEN", names.trainer_join_secret(job.name), "token"),
+            *_store_env(job.store, readonly=False),
+        ]
+    )
+    if t.threads is not None:
+        env.append({"name": "OMP_NUM_THREADS", "value": str(t.threads)})
+    container: Object = {
+        "name": "trainer",
+        "image": t.image or settings.images.trainer,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": trainer_args(job),
+        "ports": [{"name": "rendezvous", "containerPort": names.RENDEZVOUS_PORT, "protocol": "TCP"}],
+        "env": env,
+        "resources": _resources(t.resources, gpus=gpus),
+        "securityContext": _CONTAINER_SECURITY,
+        "volumeMounts": [config_mount, *scratch_mounts],
+    }
+    pod_labels = names.labels(job.name, "trainer")
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": _meta(job, names.trainer(job.name), "trainer"),
+        "spec": {
+            "replicas": _replicas(job, t.nodes),
+            "serviceName": names.trainer(job.name),
+            # All ranks start together: torch.distributed waits for the whole group anyway.
+            "podManagementPolicy": "Parallel",
+            "revisionHistoryLimit": 3,
+            "selector": {"matchLabels": names.selector(job.name, "trainer")},
+            "template": {
+                "metadata": {
+                    "labels": pod_labels,
+                    "annotations": {names.SPEC_HASH: digest(yaml.safe_dump(process_manifest(job)))},
+                },
+                "spec": _pod_spec(
+                    [container], [config_volume, *scratch], t, terminationGracePeriodSeconds=60
+                ),
+            },
+        },
+    }
+
+
+def trainer_service(job: JobInput) -> Object:
+    """Headless Service: stable per-pod DNS names for the rendezvous, ready or not."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(job, names.trainer(job.name), "trainer"),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": names.selector(job.name, "trainer"),
+            "ports": [
+                {
+                    "name": "rendezvous",
+                    "port": names.RENDEZVOUS_PORT,
+                    "targetPort": "rendezvous",
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def desired(job: JobInput, settings: Settings) -> list[Object]:
+    """Every object the job needs (except join-token Secrets), in the order they are applied."""
+    objects: list[Object | None] = [
+        config_map(job),
+        tokens_secret(job),
+        coordinator_service(job),
+        coordinator_external_service(job, settings),
+        coordinator_deployment(job, settings),
+        trainer_service(job),
+        trainer_statefulset(job, settings),
+        *(pool_deployment(job, pool, settings) for pool in job.pools),
+    ]
+    return [o for o in objects if o is not None]
+
+
+def key(obj: Object) -> tuple[str, str]:
+    """(kind, name): how children are matched between desired and existing."""
+    return obj["kind"], obj["metadata"]["name"]
+
+
+def roles(job: JobInput) -> Sequence[str]:
+    """The roles that need a join token: the trainer and every pool."""
+    return ["trainer", *(p.name for p in job.pools)]

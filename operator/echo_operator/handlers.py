@@ -1,0 +1,155 @@
+"""The kopf handlers: when to reconcile what. Thin: every decision is in the modules they call.
+
+Run with ``kopf run -m echo_operator.handlers --all-namespaces`` (or ``echorl operator run``,
+``python -m echo_operator``). Registered here:
+
+* EchoJob created, resumed (operator start) or its ``spec`` changed → :meth:`Reconciler.reconcile`;
+* a daemon per EchoJob: the status pass every ``ECHORL_STATUS_INTERVAL`` seconds and a re-apply of
+  the children every ``ECHORL_RESYNC_INTERVAL`` seconds (drift is undone; no drift, no writes);
+* EchoJob deleted → storage cleanup, only where a finalizer was needed (:func:`reconcile.needs_cleanup`);
+  everything else goes with the job through owner references;
+* InferenceSwarm / TrainingSwarm / SyncPolicy created, changed (``kubectl scale`` included) or deleted →
+  the jobs that reference it are reconciled, and its ``status`` (``usedBy``, the scale subresource's
+  ``replicas`` and ``selector``) is refreshed.
+
+kopf keeps its own bookkeeping in ``echorl.dev/*`` annotations (not in ``status``, whose schema is
+strict), and does not post Events of its own: the Events are the operator's, with specific reasons.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from typing import Any
+
+import kopf
+
+from echo_operator import names, reconcile
+from echo_operator.config import Settings
+from echo_operator.kube import Kube, KubeError
+from echo_runtime import spec
+
+GROUP, VERSION = spec.API_GROUP, spec.API_VERSION
+log = logging.getLogger("echo_operator")
+
+_state: dict[str, reconcile.Reconciler] = {}
+
+
+def _reconciler() -> reconcile.Reconciler:
+    try:
+        return _state["reconciler"]
+    except KeyError:
+        raise kopf.TemporaryError("the operator is still starting", delay=1) from None
+
+
+async def _run(fn: Any, *args: Any) -> Any:
+    """Run a blocking reconciler call off the event loop; API failures become kopf retries."""
+    try:
+        return await asyncio.to_thread(fn, *args)
+    except KubeError as exc:
+        raise kopf.TemporaryError(str(exc), delay=5) from exc
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.persistence.finalizer = names.FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration"
+    )
+    settings.posting.level = logging.WARNING  # kopf's own handler errors only; ours are explicit
+    settings.peering.standalone = True  # one replica (strategy Recreate in manifests/)
+    settings.watching.server_timeout = 300
+    settings.networking.request_timeout = 60
+    _state["reconciler"] = reconcile.Reconciler(Kube.from_environment(), Settings.from_env())
+
+
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """kopf's client-library login, except that an explicit ``$KUBECONFIG`` is read now.
+
+    The Kubernetes client reads ``$KUBECONFIG`` once, when it is imported; an operator started in a
+    process that set it later (tests, ``echorl operator run --kubeconfig``) would miss it. Plain
+    kubeconfigs (tokens, client certificates) are read directly; anything else (exec plugins, auth
+    providers) goes through the client library as usual.
+    """
+    if os.environ.get("KUBECONFIG") and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        info = kopf.login_with_kubeconfig(**kwargs)
+        if info is not None and (info.token or info.certificate_data or info.certificate_path):
+            return info
+    return kopf.login_via_client(**kwargs)
+
+
+@kopf.on.cleanup()
+def close(**_: Any) -> None:
+    found = _state.pop("reconciler", None)
+    if found is not None:
+        found.kube.close()
+
+
+# -- EchoJob ---------------------------------------------------------------------------------------
+
+
+@kopf.on.resume(GROUP, VERSION, "echojobs", backoff=10)
+@kopf.on.create(GROUP, VERSION, "echojobs", backoff=10)
+@kopf.on.update(GROUP, VERSION, "echojobs", field="spec", backoff=10)
+async def reconcile_job(body: kopf.Body, **_: Any) -> None:
+    await _run(_reconciler().reconcile, dict(body))
+
+
+@kopf.daemon(GROUP, VERSION, "echojobs", cancellation_timeout=5.0)
+async def monitor_job(stopped: kopf.DaemonStopped, body: kopf.Body, **_: Any) -> None:
+    """Status pass on a timer, plus a periodic re-apply of the children."""
+    op = _reconciler()
+    last_resync = time.monotonic()
+    while not stopped:
+        try:
+            await asyncio.to_thread(op.observe, dict(body))
+            if time.monotonic() - last_resync >= op.settings.resync_interval_s:
+                last_resync = time.monotonic()
+                await asyncio.to_thread(op.reconcile, dict(body))
+        except KubeError as exc:
+            log.warning("%s/%s: status pass failed: %s", body.metadata.namespace, body.metadata.name, exc)
+        await stopped.wait(op.settings.status_interval_s)
+
+
+def _needs_cleanup(body: kopf.Body, **_: Any) -> bool:
+    return reconcile.needs_cleanup(body)
+
+
+@kopf.on.delete(GROUP, VERSION, "echojobs", when=_needs_cleanup, retries=5, backoff=5)
+async def cleanup_job(body: kopf.Body, **_: Any) -> None:
+    await _run(_reconciler().cleanup, dict(body))
+
+
+@kopf.on.delete(GROUP, VERSION, "echojobs", optional=True)
+async def forget_job(body: kopf.Body, **_: Any) -> None:
+    _reconciler().forget(body.metadata.namespace or "", body.metadata.name or "")
+
+
+# -- Referenced objects ----------------------------------------------------------------------------
+
+_KINDS = {
+    "inferenceswarms": "InferenceSwarm",
+    "trainingswarms": "TrainingSwarm",
+    "syncpolicies": "SyncPolicy",
+}
+
+
+def _register(plural: str) -> None:
+    kind = _KINDS[plural]
+
+    async def changed(body: kopf.Body, **_: Any) -> None:
+        await _run(_reconciler().referenced_changed, body.metadata.namespace, kind, body.metadata.name)
+
+    changed.__name__ = changed.__qualname__ = f"{plural}_changed"
+    kopf.on.resume(GROUP, VERSION, plural)(changed)
+    kopf.on.create(GROUP, VERSION, plural)(changed)
+    kopf.on.update(GROUP, VERSION, plural, field="spec")(changed)
+    kopf.on.delete(GROUP, VERSION, plural, optional=True)(changed)
+
+
+for _plural in _KINDS:
+    _register(_plural)

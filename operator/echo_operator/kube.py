@@ -1,0 +1,203 @@
+"""A thin, typed shell over the Kubernetes API for the handful of calls the operator makes.
+
+Objects travel as plain dicts (what the pure modules produce and what ``kubectl`` shows), not as the
+client's generated models. Writes of children are server-side applies with the operator's field
+manager: re-applying an unchanged object is a no-op on the server (no new resourceVersion, no new
+generation), and fields other managers own (an HPA's ``replicas``, a user's extra labels) are left
+alone. Errors surface as :class:`KubeError` carrying the API status code and the server's message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from echo_operator import names
+
+Object = dict[str, Any]
+
+# (apiVersion, kind) → plural. Only what the operator touches.
+PLURALS: dict[tuple[str, str], str] = {
+    ("v1", "ConfigMap"): "configmaps",
+    ("v1", "Secret"): "secrets",
+    ("v1", "Service"): "services",
+    ("v1", "Pod"): "pods",
+    ("v1", "Event"): "events",
+    ("apps/v1", "Deployment"): "deployments",
+    ("apps/v1", "StatefulSet"): "statefulsets",
+    ("echorl.dev/v1alpha1", "EchoJob"): "echojobs",
+    ("echorl.dev/v1alpha1", "InferenceSwarm"): "inferenceswarms",
+    ("echorl.dev/v1alpha1", "TrainingSwarm"): "trainingswarms",
+    ("echorl.dev/v1alpha1", "SyncPolicy"): "syncpolicies",
+}
+
+
+class KubeError(Exception):
+    """An API call failed: ``status`` is the HTTP status (0 when the server was not reached)."""
+
+    def __init__(self, status: int, message: str, what: str) -> None:
+        super().__init__(f"{what}: {message} (HTTP {status})" if status else f"{what}: {message}")
+        self.status = status
+        self.message = message
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+
+def path(api_version: str, kind: str, namespace: str | None, name: str | None = None) -> str:
+    """REST path of a collection or an object."""
+    plural = PLURALS[(api_version, kind)]
+    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    if namespace is not None:
+        base += f"/namespaces/{namespace}"
+    base += f"/{plural}"
+    return base if name is None else f"{base}/{name}"
+
+
+def _message(exc: ApiException) -> str:
+    try:
+        return str(json.loads(exc.body).get("message", exc.reason))
+    except (TypeError, ValueError):
+        return str(exc.reason or exc)
+
+
+class Kube:
+    """The operator's Kubernetes API access (thread-safe: kopf runs sync handlers in threads)."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+
+    @classmethod
+    def from_environment(cls) -> Kube:
+        """In-cluster service account if there is one, else ``$KUBECONFIG`` / ``~/.kube/config``."""
+        try:
+            config.load_incluster_config()
+            return cls(client.ApiClient())
+        except config.ConfigException:
+            # The client reads $KUBECONFIG when it is imported; read it now instead.
+            return cls(config.new_client_from_config(config_file=os.environ.get("KUBECONFIG")))
+
+    def close(self) -> None:
+        self.api.close()
+
+    def _call(
+        self,
+        method: str,
+        url: str,
+        what: str,
+        body: Any = None,
+        query: list[tuple[str, str]] | None = None,
+        content_type: str = "application/json",
+    ) -> Object:
+        try:
+            resp = self.api.call_api(
+                url,
+                method,
+                query_params=query or [],
+                header_params={"Content-Type": content_type, "Accept": "application/json"},
+                body=body,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=30,
+            )
+        except ApiException as exc:
+            raise KubeError(exc.status or 0, _message(exc), what) from None
+        except Exception as exc:  # connection refused, TLS, timeouts
+            raise KubeError(0, str(exc), what) from exc
+        data = resp.data if hasattr(resp, "data") else resp[0].data
+        return dict(json.loads(data)) if data else {}
+
+    # -- reads ---------------------------------------------------------------------------------
+    def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> Object | None:
+        try:
+            return self._call("GET", path(api_version, kind, namespace, name), f"get {kind} {name}")
+        except KubeError as exc:
+            if exc.not_found:
+                return None
+            raise
+
+    def list(
+        self, api_version: str, kind: str, namespace: str | None, selector: dict[str, str] | None = None
+    ) -> list[Object]:
+        query = []
+        if selector:
+            query.append(("labelSelector", ",".join(f"{k}={v}" for k, v in sorted(selector.items()))))
+        body = self._call("GET", path(api_version, kind, namespace), f"list {kind}", query=query)
+        items: list[Object] = body.get("items", [])
+        for item in items:  # list items come without apiVersion/kind
+            item.setdefault("apiVersion", api_version)
+            item.setdefault("kind", kind)
+        return items
+
+    # -- writes --------------------------------------------------------------------------------
+    def apply(self, obj: Object, dry_run: bool = False, force: bool = True) -> Object:
+        """Server-side apply ``obj`` with the operator's field manager; returns the object as stored."""
+        meta = obj["metadata"]
+        query = [("fieldManager", names.MANAGER), ("force", "true" if force else "false")]
+        if dry_run:
+            query.append(("dryRun", "All"))
+        return self._call(
+            "PATCH",
+            path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"]),
+            f"apply {obj['kind']} {meta['name']}",
+            body=obj,
+            query=query,
+            content_type="application/apply-patch+yaml",
+        )
+
+    def create(self, obj: Object) -> Object:
+        meta = obj["metadata"]
+        return self._call(
+            "POST",
+            path(obj["apiVersion"], obj["kind"], meta.get("namespace")),
+            f"create {obj['kind']} {meta.get('name') or meta.get('generateName', '')}",
+            body=obj,
+            query=[("fieldManager", names.MANAGER)],
+        )
+
+    def merge_patch(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None,
+        name: str,
+        patch: Object,
+        subresource: str = "",
+    ) -> Object:
+        url = path(api_version, kind, namespace, name) + (f"/{subresource}" if subresource else "")
+        return self._call(
+            "PATCH",
+            url,
+            f"patch {kind} {name}{'/' + subresource if subresource else ''}",
+            body=patch,
+            query=[("fieldManager", names.MANAGER)],
+            content_type="application/merge-patch+json",
+        )
+
+    def patch_status(self, api_version: str, kind: str, namespace: str, name: str, status: Object) -> Object:
+        """Merge-patch ``status`` through the status subresource (``None`` values delete keys)."""
+        return self.merge_patch(api_version, kind, namespace, name, {"status": status}, subresource="status")
+
+    def delete(
+        self, api_version: str, kind: str, namespace: str | None, name: str, uid: str | None = None
+    ) -> bool:
+        """Delete (background propagation); True if it existed. ``uid`` guards against a re-created object."""
+        body: Object = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
+        if uid is not None:
+            body["preconditions"] = {"uid": uid}
+        try:
+            self._call("DELETE", path(api_version, kind, namespace, name), f"delete {kind} {name}", body=body)
+        except KubeError as exc:
+            if exc.not_found:
+                return False
+            raise
+        return True

@@ -1,0 +1,115 @@
+"""Names and labels of everything the operator creates: one place, so handlers, tests and docs agree.
+
+Every child of an EchoJob ``J`` is named after it (``J-coordinator``, ``J-<pool>``, ``J-trainer``,
+``J-<pool>-join``) and carries the recommended ``app.kubernetes.io/*`` labels plus ``echorl.dev/*``
+labels that select it: ``echorl.dev/job=J`` on all of them, ``echorl.dev/component`` (coordinator,
+inference, trainer, config, join-token, storage) and, on inference children, ``echorl.dev/pool``.
+Pods of a pool that comes from an ``InferenceSwarm`` object also carry
+``echorl.dev/inference-swarm=<name>``, the selector the swarm's scale subresource publishes for an HPA.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from echo_runtime import spec
+
+GROUP = spec.API_GROUP
+MANAGER = "echorl-operator"
+"""Field manager of the operator's server-side applies, and ``app.kubernetes.io/managed-by``."""
+FINALIZER = f"{GROUP}/cleanup"
+
+JOB = f"{GROUP}/job"
+COMPONENT = f"{GROUP}/component"
+POOL = f"{GROUP}/pool"
+INFERENCE_SWARM = f"{GROUP}/inference-swarm"
+SPEC_HASH = f"{GROUP}/spec-hash"
+"""Pod-template annotation: a hash of what the pods run, so any change to it rolls them."""
+EXTERNAL_URL = f"{GROUP}/external-url"
+"""EchoJob annotation a user may set: the coordinator URL external workers use (e.g. an Ingress)."""
+READONLY_ACCOUNT = f"{GROUP}/readonly-access-key"
+"""EchoJob annotation the operator sets when it created a read-only MinIO service account."""
+
+Component = Literal["coordinator", "inference", "trainer", "config", "join-token", "storage"]
+
+COORDINATOR_PORT = 8700  # the coordinator's own default (`echorl coordinator --port`)
+RENDEZVOUS_PORT = 29500
+
+
+def coordinator(job: str) -> str:
+    """Coordinator Deployment and Service."""
+    return f"{job}-coordinator"
+
+
+def coordinator_external(job: str) -> str:
+    """The Service that exposes the coordinator to workers outside the cluster."""
+    return f"{job}-coordinator-external"
+
+
+def pool(job: str, pool_name: str) -> str:
+    """A pool's Deployment."""
+    return f"{job}-{pool_name}"
+
+
+def join_secret(job: str, pool_name: str) -> str:
+    """A pool's join token Secret (docs/contracts.md: ``<job>-<pool>-join``, key ``token``)."""
+    return f"{job}-{pool_name}-join"
+
+
+def trainer(job: str) -> str:
+    """Trainer StatefulSet and its headless Service."""
+    return f"{job}-trainer"
+
+
+def trainer_join_secret(job: str) -> str:
+    return join_secret(job, "trainer")
+
+
+def tokens_secret(job: str) -> str:
+    """The coordinator's tokens file: SHA-256 digests of every join token, never the tokens."""
+    return f"{job}-tokens"
+
+
+def config(job: str) -> str:
+    """ConfigMap with the job manifest every process reads."""
+    return f"{job}-config"
+
+
+def readonly_secret(job: str) -> str:
+    """Read-only snapshot-store credentials for inference pods (when the store can issue them)."""
+    return f"{job}-storage-readonly"
+
+
+def coordinator_url(job: str, namespace: str, port: int = COORDINATOR_PORT) -> str:
+    """The coordinator's in-cluster URL."""
+    return f"http://{coordinator(job)}.{namespace}.svc:{port}"
+
+
+def selector(job: str, component: Component, pool_name: str | None = None) -> dict[str, str]:
+    """The labels that select one component's pods (immutable once a Deployment exists)."""
+    labels = {JOB: job, COMPONENT: component}
+    if pool_name is not None:
+        labels[POOL] = pool_name
+    return labels
+
+
+def labels(
+    job: str, component: Component, pool_name: str | None = None, swarm: str | None = None
+) -> dict[str, str]:
+    """All labels of a child: the selector plus the recommended ``app.kubernetes.io`` ones."""
+    out = {
+        "app.kubernetes.io/name": "echorl",
+        "app.kubernetes.io/instance": job,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/part-of": "echorl",
+        "app.kubernetes.io/managed-by": MANAGER,
+        **selector(job, component, pool_name),
+    }
+    if swarm is not None:
+        out[INFERENCE_SWARM] = swarm
+    return out
+
+
+def swarm_selector(swarm: str) -> str:
+    """Label selector (string form) of every pod of an InferenceSwarm, across the jobs using it."""
+    return f"{INFERENCE_SWARM}={swarm}"

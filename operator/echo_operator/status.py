@@ -1,0 +1,284 @@
+"""An EchoJob's ``status``, computed from what the operator observed: a pure function.
+
+Inputs are the job's resolved spec (or None when it could not be resolved), the coordinator's status
+document (or why it could not be read), the job's Deployments and trainer StatefulSet as stored, the
+pools that cannot keep up with Δmax, and problems met while reconciling. Output is the whole status
+document (:class:`echo_runtime.spec.EchoJobStatus` in manifest form), with ``None`` for every value
+not known, so a merge patch of it also clears what is no longer true.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from echo_operator import children, names
+from echo_operator.conditions import Condition
+from echo_operator.staleness import PoolLag
+from echo_runtime.coordinator import wire
+
+Object = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """Something that stopped the reconcile: a CamelCase reason and a message for humans."""
+
+    reason: str
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Observation:
+    """What one status pass saw."""
+
+    generation: int | None
+    suspended: bool
+    job: children.JobInput | None
+    problems: tuple[Problem, ...] = ()
+    coordinator: wire.StatusDocument | None = None
+    coordinator_error: str | None = None
+    deployments: Mapping[str, Object] = dataclasses.field(default_factory=dict)
+    """The job's Deployments by name, as stored (their ``status`` is the controllers')."""
+    trainer: Object | None = None
+    behind: Mapping[str, PoolLag] = dataclasses.field(default_factory=dict)
+    """Pools that cannot keep up (behind for longer than the grace period)."""
+    restarted: tuple[str, ...] = ()
+    """Worker pods deleted in this pass."""
+
+
+def _ready_replicas(obj: Object | None) -> tuple[int, int]:
+    """(desired, ready) replicas of a Deployment or StatefulSet."""
+    if obj is None:
+        return 0, 0
+    spec_replicas = obj.get("spec", {}).get("replicas", 1)
+    ready = obj.get("status", {}).get("readyReplicas", 0) or 0
+    return int(spec_replicas if spec_replicas is not None else 1), int(ready)
+
+
+def pool_statuses(obs: Observation) -> list[Object]:
+    """``status.pools``: pods from the Deployments, workers and versions from the coordinator."""
+    if obs.job is None:
+        return []
+    doc = obs.coordinator
+    out: list[Object] = []
+    for pool in obs.job.pools:
+        deployment = obs.deployments.get(names.pool(obs.job.name, pool.name))
+        replicas = int((deployment or {}).get("status", {}).get("replicas", 0) or 0)
+        _, ready = _ready_replicas(deployment)
+        summary = doc.pools.get(pool.name) if doc else None
+        external = [
+            {
+                "id": w.id,
+                "backend": w.backend,
+                "device": w.device,
+                "loadedVersion": w.loaded_version,
+                "lastHeartbeat": w.last_heartbeat,
+            }
+            for w in (doc.workers if doc else [])
+            if w.pool == pool.name and w.external
+        ]
+        entry: Object = {
+            "name": pool.name,
+            "replicas": replicas,
+            "readyReplicas": ready,
+            "workers": summary.workers if summary else 0,
+            "observedPolicyVersion": summary.min_loaded_version if summary else None,
+            "externalWorkers": [{k: v for k, v in w.items() if v is not None} for w in external],
+        }
+        out.append(entry)
+    return out
+
+
+def _suspended(obs: Observation) -> Condition:
+    if obs.suspended:
+        return Condition(
+            "Suspended",
+            "True",
+            "JobSuspended",
+            "spec.suspend is true: every process is scaled to zero; snapshots and checkpoints are kept",
+        )
+    return Condition("Suspended", "False", "NotSuspended", "the job runs")
+
+
+def _ready(obs: Observation) -> Condition:
+    if obs.suspended:
+        return Condition("Ready", "False", "Suspended", "the job is suspended")
+    if obs.problems:
+        return Condition("Ready", "False", obs.problems[0].reason, obs.problems[0].message)
+    job = obs.job
+    if job is None:
+        return Condition("Ready", "False", "Reconciling", "the operator has not reconciled this job yet")
+    doc = obs.coordinator
+    if doc is None:
+        why = f": {obs.coordinator_error}" if obs.coordinator_error else ""
+        return Condition("Ready", "False", "CoordinatorNotReady", f"waiting for the coordinator{why}")
+    desired, ready = _ready_replicas(obs.trainer)
+    if ready < desired:
+        return Condition("Ready", "False", "TrainerNotReady", f"{ready} of {desired} trainer pod(s) ready")
+    empty = [
+        p.name
+        for p in job.pools
+        if not p.spec.external
+        and _wanted(obs, p) > 0
+        and (doc.pools.get(p.name) is None or doc.pools[p.name].workers == 0)
+    ]
+    if empty:
+        return Condition(
+            "Ready", "False", "PoolsNotReady", f"no worker registered yet in pool(s) {', '.join(empty)}"
+        )
+    if not doc.workers:
+        return Condition(
+            "Ready", "False", "NoWorkers", "no inference worker is registered with the coordinator"
+        )
+    total = len(doc.workers)
+    return Condition(
+        "Ready",
+        "True",
+        "AllComponentsReady",
+        f"coordinator, {desired} trainer pod(s) and {total} worker(s) in {len(job.pools)} pool(s) are up",
+    )
+
+
+def _wanted(obs: Observation, pool: children.Pool) -> int:
+    deployment = obs.deployments.get(names.pool(obs.job.name if obs.job else "", pool.name))
+    if deployment is not None:
+        return _ready_replicas(deployment)[0]
+    return pool.spec.replicas if pool.spec.replicas is not None else 1
+
+
+def _progressing(obs: Observation) -> Condition:
+    if obs.suspended:
+        return Condition("Progressing", "False", "Suspended", "the job is suspended")
+    if obs.problems:
+        return Condition("Progressing", "False", obs.problems[0].reason, obs.problems[0].message)
+    doc, job = obs.coordinator, obs.job
+    if job is None:
+        return Condition("Progressing", "True", "Reconciling", "the operator has not reconciled this job yet")
+    if doc is None:
+        return Condition(
+            "Progressing", "Unknown", "AwaitingCoordinator", "no status from the coordinator yet"
+        )
+    max_steps = job.spec.algorithm.max_steps
+    if doc.policy_version >= max_steps:
+        return Condition(
+            "Progressing",
+            "False",
+            "Completed",
+            f"trained {doc.policy_version} of {max_steps} policy versions",
+        )
+    return Condition(
+        "Progressing",
+        "True",
+        "Training",
+        f"policy version {doc.policy_version} of {max_steps}; {doc.rollouts_per_second:.1f} rollouts/s",
+    )
+
+
+def _bounded(obs: Observation) -> Condition:
+    doc, job = obs.coordinator, obs.job
+    if doc is None or job is None:
+        return Condition(
+            "StalenessBounded", "Unknown", "AwaitingCoordinator", "no status from the coordinator yet"
+        )
+    bound = doc.max_staleness
+    if doc.max_observed_staleness is not None and doc.max_observed_staleness > bound:
+        return Condition(
+            "StalenessBounded",
+            "False",
+            "BoundExceeded",
+            f"an optimizer step consumed a rollout with staleness {doc.max_observed_staleness} > Δmax {bound}",
+        )
+    if obs.behind:
+        details = "; ".join(lag.describe(doc.mode) for lag in obs.behind.values())
+        restarted = f"; restarted {len(obs.restarted)} stuck worker pod(s)" if obs.restarted else ""
+        pools = ", ".join(obs.behind)
+        return Condition(
+            "StalenessBounded",
+            "False",
+            "PoolFallingBehind",
+            f"pool(s) {pools} cannot keep up with Δmax {bound}: {details}; "
+            f"{doc.dropped_stale} group(s) dropped as stale so far{restarted}",
+        )
+    observed = "none yet" if doc.max_observed_staleness is None else str(doc.max_observed_staleness)
+    return Condition(
+        "StalenessBounded",
+        "True",
+        "WithinBound",
+        f"max observed staleness {observed} ≤ Δmax {bound}; {doc.dropped_stale} group(s) dropped as stale",
+    )
+
+
+def _degraded(obs: Observation) -> Condition:
+    if obs.problems:
+        return Condition(
+            "Degraded", "True", obs.problems[0].reason, "; ".join(p.message for p in obs.problems)
+        )
+    doc = obs.coordinator
+    if (
+        doc is not None
+        and doc.max_observed_staleness is not None
+        and doc.max_observed_staleness > doc.max_staleness
+    ):
+        return Condition(
+            "Degraded", "True", "BoundExceeded", "the staleness bound was broken; see StalenessBounded"
+        )
+    if doc is None and not obs.suspended and obs.job is not None:
+        coordinator = obs.deployments.get(names.coordinator(obs.job.name))
+        if _ready_replicas(coordinator)[1] > 0:
+            return Condition(
+                "Degraded",
+                "True",
+                "CoordinatorUnreachable",
+                f"the coordinator's pod is ready but its status cannot be read: {obs.coordinator_error}",
+            )
+    return Condition("Degraded", "False", "AsExpected", "no problem found")
+
+
+def conditions(obs: Observation) -> list[Condition]:
+    return [_ready(obs), _progressing(obs), _bounded(obs), _degraded(obs), _suspended(obs)]
+
+
+_FROM_COORDINATOR = ("policyVersion", "maxObservedStaleness", "droppedStale", "weightedStale", "reward")
+
+
+def job_status(obs: Observation, previous: Mapping[str, Any] | None = None) -> Object:
+    """Every field of ``status`` except ``conditions`` (see :func:`conditions`).
+
+    While the coordinator cannot be read (restarting, suspended) the last values it reported are
+    kept: they are the last observation, and the conditions say it is not a fresh one.
+    """
+    doc, job = obs.coordinator, obs.job
+    out: Object = {
+        "observedGeneration": obs.generation,
+        "mode": job.sync_policy.mode if job else None,
+        "maxStaleness": job.sync_policy.max_staleness if job else None,
+        "rolloutsPerSecond": round(doc.rollouts_per_second, 3) if doc else None,
+        "pools": pool_statuses(obs),
+    }
+    if doc is not None:
+        out.update(
+            policyVersion=doc.policy_version,
+            maxObservedStaleness=doc.max_observed_staleness,
+            droppedStale=doc.dropped_stale,
+            weightedStale=doc.weighted_stale,
+            reward=doc.reward,
+        )
+    else:
+        out.update({key: (previous or {}).get(key) for key in _FROM_COORDINATOR})
+    return out
+
+
+def differs(current: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether writing ``new`` would change ``current`` (absent and ``None`` count as equal)."""
+    keys = set(current) | set(new)
+    return any(_norm(current.get(k)) != _norm(new.get(k)) for k in keys)
+
+
+def _norm(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _norm(v) for k, v in value.items() if v is not None}
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return [_norm(v) for v in value]
+    return value

@@ -1,0 +1,123 @@
+"""Fixtures for the operator's integration tests against the real kube-apiserver (and MinIO).
+
+``echorl_system`` applies ``manifests/`` (kustomize: CRDs, namespace, RBAC, the operator Deployment,
+the dev MinIO — the last two are only stored: envtest runs no pods). ``operator_kubeconfig`` is a
+kubeconfig holding a real token of the ``echorl-operator`` service account (TokenRequest API), so the
+operator under test runs with exactly the RBAC that ``manifests/rbac.yaml`` grants.
+``start_operator`` runs the operator for real in this process with :class:`kopf.testing.KopfRunner`.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import pathlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import yaml
+from kopf.testing import KopfRunner
+
+from services.kube import KubeApiServer
+from services.minio import MinioServer
+
+REPO = pathlib.Path(__file__).resolve().parents[3]
+SA = "system:serviceaccount:echorl-system:echorl-operator"
+
+StartOperator = Callable[..., contextlib.AbstractContextManager[KopfRunner]]
+
+
+@pytest.fixture(scope="session")
+def echorl_system(kube_apiserver: KubeApiServer) -> None:
+    """``kubectl apply --server-side -k manifests/`` (what a cluster admin runs)."""
+    proc = kube_apiserver.kubectl(
+        "apply", "--server-side", "--force-conflicts", "-k", str(REPO / "manifests"), timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.fixture(scope="session")
+def operator_kubeconfig(
+    kube_apiserver: KubeApiServer, echorl_system: None, tmp_path_factory: pytest.TempPathFactory
+) -> pathlib.Path:
+    """A kubeconfig that authenticates as the operator's service account."""
+    proc = kube_apiserver.kubectl(
+        "create", "token", "echorl-operator", "-n", "echorl-system", "--duration=2h"
+    )
+    assert proc.returncode == 0, proc.stderr
+    token = proc.stdout.strip()
+    ca = base64.b64encode(kube_apiserver.pki.ca_cert.read_bytes()).decode()
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "test", "cluster": {"server": kube_apiserver.url, "certificate-authority-data": ca}}
+        ],
+        "users": [{"name": "echorl-operator", "user": {"token": token}}],
+        "contexts": [{"name": "operator", "context": {"cluster": "test", "user": "echorl-operator"}}],
+        "current-context": "operator",
+    }
+    path = tmp_path_factory.mktemp("operator") / "operator.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture(scope="session")
+def start_operator(operator_kubeconfig: pathlib.Path) -> StartOperator:
+    """``with start_operator(ECHORL_X=...) as runner:`` — the operator running as its service account."""
+
+    @contextlib.contextmanager
+    def run(**env: str) -> Iterator[KopfRunner]:
+        settings = {
+            "KUBECONFIG": str(operator_kubeconfig),
+            "ECHORL_STATUS_INTERVAL": "0.5",
+            "ECHORL_RESYNC_INTERVAL": "3",
+            "ECHORL_COORDINATOR_URL": "http://127.0.0.1:9/{job}",  # nothing listens: coordinator not up
+            "ECHORL_BEHIND_GRACE": "0.5",
+            "ECHORL_RESTART_COOLDOWN": "60",
+            **env,
+        }
+        args = ["run", "--standalone", "--all-namespaces", "-m", "echo_operator.handlers"]
+        with KopfRunner(args, env=settings, timeout=30) as runner:
+            yield runner
+        assert runner.exception is None, runner.output[-4000:]
+
+    return run
+
+
+@pytest.fixture
+def storage_secret(kube_apiserver: KubeApiServer, kube_namespace: str, minio_server: MinioServer) -> str:
+    """A Secret ``minio-credentials`` with the test MinIO's credentials, in the test's namespace."""
+    proc = kube_apiserver.kubectl(
+        "create",
+        "secret",
+        "generic",
+        "minio-credentials",
+        "-n",
+        kube_namespace,
+        f"--from-literal=accessKey={minio_server.access_key}",
+        f"--from-literal=secretKey={minio_server.secret_key}",
+    )
+    assert proc.returncode == 0, proc.stderr
+    return "minio-credentials"
+
+
+def storage_block(minio_server: MinioServer, bucket: str, **extra: Any) -> str:
+    """The ``storage:`` mapping of a job that uses the test MinIO, as flow YAML."""
+    fields = {
+        "type": "S3",
+        "endpoint": minio_server.endpoint,
+        "secure": False,
+        "bucket": bucket,
+        "credentialsSecret": "minio-credentials",
+        **extra,
+    }
+    return yaml.safe_dump(fields, default_flow_style=True, width=1000).strip()
+
+
+@pytest.fixture
+def storage_yaml(minio_server: MinioServer, request: pytest.FixtureRequest) -> Callable[..., str]:
+    """``storage_yaml(bucket, **extra)`` → the job's storage mapping as flow YAML."""
+    return lambda bucket, **extra: storage_block(minio_server, bucket, **extra)

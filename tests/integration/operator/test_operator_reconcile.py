@@ -1,0 +1,496 @@
+"""The operator for real: kopf, as its own service account, against a real kube-apiserver and MinIO.
+
+One operator runs for the module; each test gets a fresh namespace. There is no kubelet or
+controller-manager (envtest), so pods never run and garbage collection does not happen: children are
+checked as stored, and deletion is checked through owner references and the operator's own cleanup.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from kopf.testing import KopfRunner
+from minio import Minio
+from operator_kit import apply, children_of, condition, eventually, get, kubectl_ok, reasons, secret_value
+
+from echo_operator import names
+from echo_runtime.cli.operator_cmd import operator as operator_group
+from services.kube import KubeApiServer
+from services.minio import MinioServer
+
+pytestmark = pytest.mark.services
+
+
+@pytest.fixture(scope="module")
+def operator(start_operator: Callable[..., Any], minio_server: MinioServer) -> Iterator[KopfRunner]:
+    with start_operator() as runner:
+        yield runner
+
+
+@pytest.fixture(autouse=True)
+def delete_jobs(kube_apiserver: KubeApiServer, kube_namespace: str) -> Iterator[None]:
+    """Delete the test's EchoJobs afterwards: the namespace itself never goes away in envtest."""
+    yield
+    kube_apiserver.kubectl("delete", "echojobs", "--all", "-n", kube_namespace, "--wait=false")
+
+
+@pytest.fixture
+def bucket(minio_server: MinioServer, kube_namespace: str) -> Iterator[str]:
+    client = minio_server.client()
+    name = kube_namespace[:40].rstrip("-") + "-snap"
+    yield name
+    if client.bucket_exists(name):
+        for obj in client.list_objects(name, recursive=True):
+            client.remove_object(name, obj.object_name or "")
+        client.remove_bucket(name)
+
+
+def hetero(storage: str) -> str:
+    return f"""
+apiVersion: echorl.dev/v1alpha1
+kind: InferenceSwarm
+metadata: {{name: shared-pool}}
+spec: {{backend: transformers, device: cpu, replicas: 2}}
+---
+apiVersion: echorl.dev/v1alpha1
+kind: EchoJob
+metadata: {{name: hetero}}
+spec:
+  storage: {storage}
+  syncPolicy: {{mode: Async, maxStaleness: 2}}
+  trainingSwarm: {{nodes: 2, processesPerNode: 2, gpusPerNode: 2, nodeSelector: {{echorl.dev/role: trainer}}}}
+  inferenceSwarms:
+  - name: gpu
+    backend: vllm
+    replicas: 3
+    nodeSelector: {{nvidia.com/gpu.product: H100}}
+    tolerations: [{{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}}]
+    resources: {{requests: {{cpu: "8"}}}}
+  - {{name: cpu, threads: 2}}
+  - {{name: macs, backend: mlx, external: true}}
+  - {{name: shared, swarmRef: shared-pool}}
+"""
+
+
+EXPECTED = {
+    ("ConfigMap", "hetero-config"),
+    ("Secret", "hetero-tokens"),
+    ("Secret", "hetero-trainer-join"),
+    ("Secret", "hetero-gpu-join"),
+    ("Secret", "hetero-cpu-join"),
+    ("Secret", "hetero-macs-join"),
+    ("Secret", "hetero-shared-join"),
+    ("Secret", "hetero-storage-readonly"),
+    ("Service", "hetero-coordinator"),
+    ("Service", "hetero-coordinator-external"),
+    ("Service", "hetero-trainer"),
+    ("Deployment", "hetero-coordinator"),
+    ("Deployment", "hetero-gpu"),
+    ("Deployment", "hetero-cpu"),
+    ("Deployment", "hetero-shared"),
+    ("StatefulSet", "hetero-trainer"),
+}
+
+
+def wait_children(kube: KubeApiServer, ns: str, job: str, expected: set[tuple[str, str]]) -> dict[Any, Any]:
+    def ready() -> dict[Any, Any]:
+        found = children_of(kube, ns, job)
+        missing = expected - set(found)
+        assert not missing, f"missing {sorted(missing)}"
+        return found
+
+    return eventually(ready, timeout=30)
+
+
+def env(obj: dict[str, Any]) -> dict[str, Any]:
+    (c,) = obj["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
+
+
+def test_heterogeneous_job_gets_its_children_storage_and_status(
+    operator: KopfRunner,
+    kube_apiserver: KubeApiServer,
+    kube_namespace: str,
+    storage_secret: str,
+    storage_yaml: Callable[..., str],
+    bucket: str,
+    minio_server: MinioServer,
+) -> None:
+    ns = kube_namespace
+    apply(kube_apiserver, ns, hetero(storage_yaml(bucket, prefix="runs")))
+    found = wait_children(kube_apiserver, ns, "hetero", EXPECTED)
+    job = get(kube_apiserver, ns, "echojob", "hetero")
+    uid = job["metadata"]["uid"]
+
+    for key, obj in found.items():
+        (owner,) = obj["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (
+            "EchoJob",
+            "hetero",
+            uid,
+            True,
+        )
+        assert obj["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "echorl-operator", key
+
+    gpu = found[("Deployment", "hetero-gpu")]
+    pod = gpu["spec"]["template"]["spec"]
+    assert gpu["spec"]["replicas"] == 3
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "H100"}
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    (c,) = pod["containers"]
+    assert c["resources"] == {"requests": {"cpu": "8"}, "limits": {"nvidia.com/gpu": "1"}}
+    assert env(gpu)["ECHORL_TOKEN"] == {"secretKeyRef": {"name": "hetero-gpu-join", "key": "token"}}
+    assert env(gpu)["ECHORL_S3_ACCESS_KEY"]["secretKeyRef"]["name"] == "hetero-storage-readonly"
+    assert found[("Deployment", "hetero-cpu")]["spec"]["replicas"] == 1  # unset: API default, field unowned
+    assert found[("Deployment", "hetero-shared")]["spec"]["replicas"] == 2
+    sts = found[("StatefulSet", "hetero-trainer")]
+    assert sts["spec"]["replicas"] == 2
+    assert env(sts)["MASTER_ADDR"] == f"hetero-trainer-0.hetero-trainer.{ns}.svc"
+    assert env(sts)["ECHORL_S3_ACCESS_KEY"]["secretKeyRef"]["name"] == "minio-credentials"
+    assert sts["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "2"}
+
+    # Join tokens: one per pool and the trainer; the coordinator gets only their digests.
+    tokens = {
+        role: secret_value(found[("Secret", f"hetero-{role}-join")], "token")
+        for role in ("trainer", "gpu", "cpu", "macs", "shared")
+    }
+    assert len(set(tokens.values())) == 5 and all(len(t) >= 32 for t in tokens.values())
+    digests = secret_value(found[("Secret", "hetero-tokens")], "tokens.yaml")
+    for token in tokens.values():
+        assert token not in digests
+        assert hashlib.sha256(token.encode()).hexdigest() in digests
+
+    # Storage: bucket and prefix marker made; the read-only key can read the prefix, not write.
+    client = minio_server.client()
+    marker = client.get_object(bucket, "runs/hetero/job.json").read()
+    assert uid.encode() in marker
+    ro = found[("Secret", "hetero-storage-readonly")]
+    ro_client = Minio(
+        minio_server.endpoint,
+        access_key=secret_value(ro, "accessKey"),
+        secret_key=secret_value(ro, "secretKey"),
+        secure=False,
+    )
+    assert ro_client.get_object(bucket, "runs/hetero/job.json").read() == marker
+    with pytest.raises(Exception, match=r"AccessDenied|Access Denied"):
+        ro_client.put_object(bucket, "runs/hetero/x", io.BytesIO(b"1"), 1)
+    assert names.READONLY_ACCOUNT in get(kube_apiserver, ns, "echojob", "hetero")["metadata"]["annotations"]
+
+    # Status and Events.
+    def status_written() -> dict[str, Any]:
+        obj = get(kube_apiserver, ns, "echojob", "hetero")
+        assert obj["status"]["mode"] == "Async" and obj["status"]["maxStaleness"] == 2
+        assert [p["name"] for p in obj["status"]["pools"]] == ["gpu", "cpu", "macs", "shared"]
+        assert condition(obj, "Ready")["reason"] == "CoordinatorNotReady"
+        assert condition(obj, "Degraded")["status"] == "False"
+        return obj
+
+    eventually(status_written)
+    assert {"ChildrenCreated", "StorageReady", "ReadOnlyCredentialsIssued"} <= reasons(
+        kube_apiserver, ns, "hetero"
+    )
+    swarm = eventually(lambda: _swarm_used(kube_apiserver, ns))
+    assert swarm["status"]["selector"] == "echorl.dev/inference-swarm=shared-pool"
+    printed = kubectl_ok(kube_apiserver, "get", "-n", ns, "echojobs").stdout
+    assert "Async" in printed and "ΔMAX" in printed
+
+    # External workers: the pool has no pods, only a join Secret that gets the coordinator's address.
+    assert ("Deployment", "hetero-macs") not in found
+    kubectl_ok(
+        kube_apiserver,
+        "annotate",
+        "-n",
+        ns,
+        "echojob/hetero",
+        f"{names.EXTERNAL_URL}=http://203.0.113.7:8700",
+    )
+    macs = eventually(lambda: _joinable(kube_apiserver, ns))
+    joined = CliRunner().invoke(
+        operator_group,
+        [
+            "join",
+            "hetero",
+            "--pool",
+            "macs",
+            "-n",
+            ns,
+            "--kubeconfig",
+            str(kube_apiserver.kubeconfig),
+            "--print",
+        ],
+    )
+    assert joined.exit_code == 0, joined.output
+    assert f"ECHORL_TOKEN={secret_value(macs, 'token')}" in joined.output
+    assert "echorl worker --job" in joined.output and "--coordinator http://203.0.113.7:8700" in joined.output
+    assert "--pool macs --backend" in joined.output and "--external" in joined.output
+    assert "ECHORL_S3_ACCESS_KEY=echorl" in joined.output  # the read-only key, not the job's
+
+
+def _joinable(kube: KubeApiServer, ns: str) -> dict[str, Any]:
+    secret = get(kube, ns, "secret", "hetero-macs-join")
+    assert secret_value(secret, "coordinator") == "http://203.0.113.7:8700"
+    return secret
+
+
+def _swarm_used(kube: KubeApiServer, ns: str) -> dict[str, Any]:
+    swarm = get(kube, ns, "inferenceswarm", "shared-pool")
+    assert swarm["status"]["usedBy"] == ["hetero"]
+    return swarm
+
+
+CPU_JOB = """
+apiVersion: echorl.dev/v1alpha1
+kind: InferenceSwarm
+metadata: {{name: cpu-pool}}
+spec: {{backend: transformers, device: cpu}}
+---
+apiVersion: echorl.dev/v1alpha1
+kind: EchoJob
+metadata: {{name: small}}
+spec:
+  storage: {storage}
+  inferenceSwarms:
+  - {{name: cpu, swarmRef: cpu-pool}}
+  - {{name: gpu, backend: vllm, replicas: 2}}
+"""
+SMALL = {("Deployment", "small-cpu"), ("Deployment", "small-gpu"), ("StatefulSet", "small-trainer")}
+
+
+def test_kubectl_scale_moves_the_pools_deployment_and_reapply_changes_nothing(
+    operator: KopfRunner,
+    kube_apiserver: KubeApiServer,
+    kube_namespace: str,
+    storage_secret: str,
+    storage_yaml: Callable[..., str],
+    bucket: str,
+) -> None:
+    ns = kube_namespace
+    text = CPU_JOB.format(storage=storage_yaml(bucket))
+    apply(kube_apiserver, ns, text, "--server-side")
+    wait_children(kube_apiserver, ns, "small", SMALL)
+    assert get(kube_apiserver, ns, "deployment", "small-cpu")["spec"]["replicas"] == 1
+
+    kubectl_ok(kube_apiserver, "scale", "-n", ns, "inferenceswarm/cpu-pool", "--replicas=4")
+    eventually(lambda: _replicas(kube_apiserver, ns, "small-cpu", 4))
+    scale = kube_apiserver.kubectl_json("get", "-n", ns, "inferenceswarm/cpu-pool", "--subresource=scale")
+    assert scale["spec"]["replicas"] == 4
+    assert scale["status"]["selector"] == "echorl.dev/inference-swarm=cpu-pool"
+    assert "Scaled" in reasons(kube_apiserver, ns, "small")
+
+    # Steady state: re-applying the manifest, and the operator's own resyncs, change nothing.
+    time.sleep(1.0)
+    before = {
+        k: (o["metadata"]["resourceVersion"], o["metadata"].get("generation"))
+        for k, o in children_of(kube_apiserver, ns, "small").items()
+    }
+    job_gen = get(kube_apiserver, ns, "echojob", "small")["metadata"]["generation"]
+    diff = kube_apiserver.kubectl("diff", "--server-side", "-n", ns, "-f", "-", input=text)
+    assert diff.returncode == 0, f"server-side dry run shows a diff:\n{diff.stdout}\n{diff.stderr}"
+    apply(kube_apiserver, ns, text, "--server-side")
+    time.sleep(3.5)  # longer than ECHORL_RESYNC_INTERVAL: at least one re-apply of every child
+    after = {
+        k: (o["metadata"]["resourceVersion"], o["metadata"].get("generation"))
+        for k, o in children_of(kube_apiserver, ns, "small").items()
+    }
+    assert after == before
+    assert get(kube_apiserver, ns, "echojob", "small")["metadata"]["generation"] == job_gen
+    assert get(kube_apiserver, ns, "inferenceswarm", "cpu-pool")["spec"]["replicas"] == 4  # GitOps left it
+
+
+def _replicas(kube: KubeApiServer, ns: str, name: str, wanted: int) -> None:
+    assert get(kube, ns, "deployment", name)["spec"]["replicas"] == wanted
+
+
+def test_spec_changes_roll_only_their_pool_and_suspend_resumes(
+    operator: KopfRunner,
+    kube_apiserver: KubeApiServer,
+    kube_namespace: str,
+    storage_secret: str,
+    storage_yaml: Callable[..., str],
+    bucket: str,
+) -> None:
+    ns = kube_namespace
+    apply(kube_apiserver, ns, CPU_JOB.format(storage=storage_yaml(bucket)))
+    wait_children(kube_apiserver, ns, "small", SMALL)
+    gen = {
+        n: get(kube_apiserver, ns, "deployment", n)["metadata"]["generation"]
+        for n in ("small-cpu", "small-gpu")
+    }
+
+    kubectl_ok(
+        kube_apiserver,
+        "patch",
+        "-n",
+        ns,
+        "inferenceswarm/cpu-pool",
+        "--type=merge",
+        "-p",
+        '{"spec": {"threads": 3}}',
+    )
+
+    def rolled() -> None:
+        dep = get(kube_apiserver, ns, "deployment", "small-cpu")
+        assert dep["metadata"]["generation"] > gen["small-cpu"]
+        assert "--threads" in dep["spec"]["template"]["spec"]["containers"][0]["command"]
+
+    eventually(rolled)
+    assert get(kube_apiserver, ns, "deployment", "small-gpu")["metadata"]["generation"] == gen["small-gpu"]
+
+    kubectl_ok(
+        kube_apiserver,
+        "patch",
+        "-n",
+        ns,
+        "echojob/small",
+        "--type=merge",
+        "-p",
+        '{"spec": {"suspend": true}}',
+    )
+
+    def suspended() -> None:
+        for kind, name in (
+            ("deployment", "small-cpu"),
+            ("deployment", "small-gpu"),
+            ("deployment", "small-coordinator"),
+            ("statefulset", "small-trainer"),
+        ):
+            assert get(kube_apiserver, ns, kind, name)["spec"]["replicas"] == 0, name
+        job = get(kube_apiserver, ns, "echojob", "small")
+        assert condition(job, "Suspended")["status"] == "True"
+        assert condition(job, "Ready")["reason"] == "Suspended"
+
+    eventually(suspended)
+    kubectl_ok(
+        kube_apiserver,
+        "patch",
+        "-n",
+        ns,
+        "echojob/small",
+        "--type=merge",
+        "-p",
+        '{"spec": {"suspend": false}}',
+    )
+
+    def resumed() -> None:
+        assert get(kube_apiserver, ns, "deployment", "small-gpu")["spec"]["replicas"] == 2
+        assert get(kube_apiserver, ns, "deployment", "small-cpu")["spec"]["replicas"] == 1
+        assert get(kube_apiserver, ns, "statefulset", "small-trainer")["spec"]["replicas"] == 1
+        assert condition(get(kube_apiserver, ns, "echojob", "small"), "Suspended")["status"] == "False"
+
+    eventually(resumed)
+    assert {"JobSuspended", "NotSuspended"} <= reasons(kube_apiserver, ns, "small")
+
+
+def test_missing_references_degrade_until_they_appear(
+    operator: KopfRunner,
+    kube_apiserver: KubeApiServer,
+    kube_namespace: str,
+    storage_secret: str,
+    storage_yaml: Callable[..., str],
+    bucket: str,
+) -> None:
+    ns = kube_namespace
+    apply(
+        kube_apiserver,
+        ns,
+        f"""
+apiVersion: echorl.dev/v1alpha1
+kind: EchoJob
+metadata: {{name: waiting}}
+spec:
+  storage: {storage_yaml(bucket)}
+  syncPolicyRef: strict
+""",
+    )
+
+    def degraded() -> None:
+        job = get(kube_apiserver, ns, "echojob", "waiting")
+        cond = condition(job, "Degraded")
+        assert (cond["status"], cond["reason"]) == ("True", "ReferenceNotFound")
+        assert "SyncPolicy 'strict'" in cond["message"]
+
+    eventually(degraded)
+    assert "ReferenceNotFound" in reasons(kube_apiserver, ns, "waiting")
+    apply(
+        kube_apiserver,
+        ns,
+        """
+apiVersion: echorl.dev/v1alpha1
+kind: SyncPolicy
+metadata: {name: strict}
+spec: {mode: Sequential, maxStaleness: 0}
+""",
+    )
+
+    def recovered() -> None:
+        job = get(kube_apiserver, ns, "echojob", "waiting")
+        assert condition(job, "Degraded")["status"] == "False"
+        assert (job["status"]["mode"], job["status"]["maxStaleness"]) == ("Sequential", 0)
+        assert get(kube_apiserver, ns, "syncpolicy", "strict")["status"]["usedBy"] == ["waiting"]
+
+    eventually(recovered)
+    wait_children(kube_apiserver, ns, "waiting", {("Deployment", "waiting-default")})
+
+
+def test_deletion_cleans_the_store_when_asked_and_children_are_owned(
+    operator: KopfRunner,
+    kube_apiserver: KubeApiServer,
+    kube_namespace: str,
+    storage_secret: str,
+    storage_yaml: Callable[..., str],
+    bucket: str,
+    minio_server: MinioServer,
+) -> None:
+    ns = kube_namespace
+    apply(
+        kube_apiserver,
+        ns,
+        f"""
+apiVersion: echorl.dev/v1alpha1
+kind: EchoJob
+metadata: {{name: doomed}}
+spec:
+  storage: {storage_yaml(bucket, prefix="p", deletePolicy="Delete")}
+""",
+    )
+    found = wait_children(
+        kube_apiserver,
+        ns,
+        "doomed",
+        {("Deployment", "doomed-default"), ("Secret", "doomed-storage-readonly")},
+    )
+    job = get(kube_apiserver, ns, "echojob", "doomed")
+    assert names.FINALIZER in eventually(lambda: _finalizers(kube_apiserver, ns, "doomed"))
+    client = minio_server.client()
+    client.put_object(bucket, "p/doomed/snapshots/1/manifest.json", io.BytesIO(b"{}"), 2)
+    ro = found[("Secret", "doomed-storage-readonly")]
+    ro_key = secret_value(ro, "accessKey")
+    uid = job["metadata"]["uid"]
+    for obj in children_of(kube_apiserver, ns, "doomed").values():
+        assert [r["uid"] for r in obj["metadata"]["ownerReferences"]] == [uid]  # GC deletes them
+
+    kubectl_ok(kube_apiserver, "delete", "-n", ns, "echojob/doomed", "--wait=false")
+
+    def gone() -> None:
+        assert kube_apiserver.kubectl("get", "-n", ns, "echojob/doomed").returncode != 0
+
+    eventually(gone)
+    assert list(client.list_objects(bucket, prefix="p/doomed/", recursive=True)) == []
+    ro_client = Minio(
+        minio_server.endpoint, access_key=ro_key, secret_key=secret_value(ro, "secretKey"), secure=False
+    )
+    with pytest.raises(Exception, match=r"InvalidAccessKeyId|access key"):
+        ro_client.bucket_exists(bucket)
+    assert {"SnapshotsDeleted", "ReadOnlyCredentialsRevoked"} <= reasons(kube_apiserver, ns, "doomed")
+
+
+def _finalizers(kube: KubeApiServer, ns: str, name: str) -> list[str]:
+    found = get(kube, ns, "echojob", name)["metadata"].get("finalizers", [])
+    assert found
+    return list(found)

@@ -1,0 +1,138 @@
+"""What the images run, tested without a container engine: every command line the operator writes into a
+pod parses against the real command, and every image's entry point exists.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import subprocess
+import sys
+from typing import Any
+
+import click
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from echo_operator import __main__ as entry
+from echo_operator import children
+from echo_operator.config import Settings
+from echo_runtime.cli import main as echorl_main
+from echo_runtime.cli.operator_cmd import operator as operator_group
+from echo_runtime.cli.operator_cmd import worker_command
+
+REPO = pathlib.Path(__file__).resolve().parents[3]
+IMAGES = REPO / "images"
+
+
+def commands(make_job: Any) -> list[tuple[str, list[str], dict[str, str]]]:
+    """(workload, argv, env names) of every container the operator would create."""
+    out = []
+    for obj in children.desired(make_job(), Settings()):
+        if obj["kind"] in ("Deployment", "StatefulSet"):
+            (c,) = obj["spec"]["template"]["spec"]["containers"]
+            out.append((obj["metadata"]["name"], list(c["command"]), {e["name"]: "x" for e in c["env"]}))
+    return out
+
+
+def split_torchrun(argv: list[str]) -> tuple[list[str], list[str]]:
+    if argv[0] != "torchrun":
+        return [], argv
+    at = argv.index("echorl")
+    return argv[1:at], argv[at:]
+
+
+def test_every_pod_command_parses_against_the_real_cli(
+    make_job: Any, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = {children.JOB_FILE: tmp_path / "job.yaml", children.TOKENS_FILE: tmp_path / "tokens.yaml"}
+    for path in files.values():
+        path.write_text("{}\n")
+    seen = set()
+    for name, argv, env in commands(make_job):
+        _, echorl = split_torchrun(argv)
+        assert echorl[0] == "echorl", name
+        command = echorl_main.commands[echorl[1]]
+        assert command.params, f"`echorl {echorl[1]}` is a placeholder"
+        args = [str(files.get(a, a)) for a in echorl[2:]]
+        for var in env:  # the Secrets the pod gets as environment variables
+            monkeypatch.setenv(var, "token-from-a-secret")
+        ctx = command.make_context(f"echorl {echorl[1]}", args)
+        assert ctx.params, name
+        for var in env:
+            monkeypatch.delenv(var)
+        seen.add(echorl[1])
+    assert seen == {"coordinator", "worker", "trainer"}
+
+
+def test_torchrun_accepts_the_trainer_launch_options(make_job: Any) -> None:
+    run = pytest.importorskip("torch.distributed.run")
+    (trainer,) = [argv for name, argv, _ in commands(make_job) if name.endswith("-trainer")]
+    launch, echorl = split_torchrun(trainer)
+    expanded = [re.sub(r"\$\((\w+)\)", "1", a) for a in launch]  # Kubernetes expands $(VAR) from env
+    parsed = run.get_args_parser().parse_args([*expanded, *echorl])
+    assert parsed.no_python and parsed.training_script == "echorl"
+
+
+def test_the_join_command_parses_against_the_worker_cli(tmp_path: pathlib.Path) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text("{}\n")
+    argv = worker_command("http://1.2.3.4:8700", str(job), "macs", "mlx", "mps")
+    ctx = echorl_main.commands["worker"].make_context("echorl worker", [*argv[2:], "--token", "t"])
+    assert ctx.params["external"] is True and ctx.params["pool"] == "macs"
+
+
+def test_python_m_echo_operator_is_kopf_run_for_the_handlers() -> None:
+    assert entry.kopf_argv([]) == ["run", "--standalone", "-m", "echo_operator.handlers", "--all-namespaces"]
+    assert "--all-namespaces" not in entry.kopf_argv(["--namespace=ml"])
+    proc = subprocess.run(
+        [sys.executable, "-m", "echo_operator", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "--all-namespaces" in proc.stdout and "--liveness" in proc.stdout
+
+
+def test_the_operator_deployment_runs_valid_kopf_options() -> None:
+    from kopf import cli as kopf_cli
+
+    docs = list(yaml.safe_load_all((REPO / "manifests" / "operator.yaml").read_text()))
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    argv = entry.kopf_argv(container["args"])
+    run_cmd = kopf_cli.main.commands["run"]
+    assert isinstance(run_cmd, click.Command)
+    ctx = run_cmd.make_context("kopf run", argv[1:])
+    assert ctx.params["clusterwide"] and ctx.params["standalone"]
+    assert ctx.params["liveness_endpoint"] == "http://0.0.0.0:8080/healthz"
+
+
+def entrypoint(dockerfile: pathlib.Path) -> tuple[list[str], list[str]]:
+    text = dockerfile.read_text()
+    found: dict[str, list[str]] = {}
+    for key in ("ENTRYPOINT", "CMD"):
+        match = re.search(rf"^{key} (\[.*\])$", text, re.MULTILINE)
+        assert match, f"{dockerfile.name}: no exec-form {key}"
+        found[key] = yaml.safe_load(match.group(1))
+    assert "USER 1000:1000" in text, f"{dockerfile.name}: must not run as root"
+    return found["ENTRYPOINT"], found["CMD"]
+
+
+def test_every_image_has_an_entry_point_that_exists() -> None:
+    dockerfiles = sorted(IMAGES.glob("*.Dockerfile"))
+    assert {d.name for d in dockerfiles} == {
+        "operator.Dockerfile", "worker-cpu.Dockerfile", "worker-vllm.Dockerfile", "trainer.Dockerfile",
+    }  # fmt: skip
+    for dockerfile in dockerfiles:
+        ep, cmd = entrypoint(dockerfile)
+        if dockerfile.name == "operator.Dockerfile":
+            assert ep == ["python", "-m", "echo_operator"]
+            continue
+        assert ep == ["echorl"]
+        result = CliRunner().invoke(echorl_main, [*cmd])
+        assert result.exit_code == 0, (dockerfile.name, result.output)
+
+
+def test_echorl_operator_crds_check_passes_on_the_committed_crds() -> None:
+    result = CliRunner().invoke(operator_group, ["crds", "--out", str(REPO / "crds"), "--check"])
+    assert result.exit_code == 0, result.output

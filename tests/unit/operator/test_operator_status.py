@@ -1,0 +1,262 @@
+"""Status, conditions and Δmax enforcement, computed from a coordinator status document."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from operator_scenarios import doc, observation, worker
+
+from echo_operator import conditions, staleness
+from echo_operator import status as status_mod
+from echo_operator.conditions import Condition
+from echo_runtime.coordinator import wire
+from echo_runtime.spec import SyncPolicySpec
+
+
+def by_type(conds: list[Condition]) -> dict[str, Condition]:
+    return {c.type: c for c in conds}
+
+
+# ---------------------------------------------------------------------------------------------
+# Status fields
+
+
+def test_status_fields_come_from_the_coordinator_and_the_deployments(make_job: Any) -> None:
+    mac = worker("mac-1", "mac", 16, external=True)
+    obs = observation(
+        make_job, coordinator=doc(workers=[worker("w1", "gpu", 16), worker("w2", "cpu", 15), mac])
+    )
+    out = status_mod.job_status(obs)
+    assert out["observedGeneration"] == 3
+    assert (out["mode"], out["maxStaleness"]) == ("Async", 2)
+    assert (out["policyVersion"], out["maxObservedStaleness"], out["droppedStale"]) == (17, 2, 4)
+    assert (out["weightedStale"], out["reward"], out["rolloutsPerSecond"]) == (1, 0.42, 41.5)
+    pools = {p["name"]: p for p in out["pools"]}
+    assert list(pools) == ["gpu", "cpu", "mac", "shared"]
+    assert pools["gpu"] == {
+        "name": "gpu",
+        "replicas": 3,
+        "readyReplicas": 2,
+        "workers": 1,
+        "observedPolicyVersion": 16,
+        "externalWorkers": [],
+    }
+    assert pools["mac"]["externalWorkers"] == [
+        {
+            "id": "mac-1",
+            "backend": "mlx",
+            "device": "mps",
+            "loadedVersion": 16,
+            "lastHeartbeat": "2026-11-29T19:00:00Z",
+        }
+    ]
+    assert pools["shared"]["workers"] == 0 and pools["shared"]["observedPolicyVersion"] is None
+
+
+def test_last_coordinator_values_are_kept_while_it_cannot_be_read(make_job: Any) -> None:
+    previous = {"policyVersion": 9, "reward": 0.3, "droppedStale": 2, "maxObservedStaleness": 1}
+    out = status_mod.job_status(
+        observation(make_job, coordinator=None, coordinator_error="refused"), previous
+    )
+    assert (out["policyVersion"], out["reward"], out["droppedStale"], out["maxObservedStaleness"]) == (
+        9,
+        0.3,
+        2,
+        1,
+    )
+    assert out["rolloutsPerSecond"] is None
+
+
+def test_differs_ignores_absent_versus_none() -> None:
+    assert not status_mod.differs({"a": 1, "b": None}, {"a": 1})
+    assert status_mod.differs({"a": 1}, {"a": 2})
+    assert not status_mod.differs({"p": [{"x": None, "y": 1}]}, {"p": [{"y": 1}]})
+
+
+# ---------------------------------------------------------------------------------------------
+# Conditions
+
+
+def test_all_good(make_job: Any) -> None:
+    conds = by_type(status_mod.conditions(observation(make_job)))
+    assert [c for c in conds] == ["Ready", "Progressing", "StalenessBounded", "Degraded", "Suspended"]
+    assert (conds["Ready"].status, conds["Ready"].reason) == ("True", "AllComponentsReady")
+    assert (conds["Progressing"].status, conds["Progressing"].reason) == ("True", "Training")
+    assert "policy version 17 of 100" in conds["Progressing"].message
+    assert (conds["StalenessBounded"].status, conds["StalenessBounded"].reason) == ("True", "WithinBound")
+    assert (conds["Degraded"].status, conds["Suspended"].status) == ("False", "False")
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"coordinator": None, "coordinator_error": "connection refused"}, "CoordinatorNotReady"),
+        ({"trainer": {"spec": {"replicas": 2}, "status": {"readyReplicas": 1}}}, "TrainerNotReady"),
+        ({"coordinator": doc(workers=[worker("w1", "gpu", 16)])}, "PoolsNotReady"),
+        ({"job": None}, "Reconciling"),
+        ({"suspended": True}, "Suspended"),
+        (
+            {"problems": (status_mod.Problem("ReferenceNotFound", "SyncPolicy 'x' not found"),)},
+            "ReferenceNotFound",
+        ),
+    ],
+)
+def test_not_ready_says_why(make_job: Any, change: dict[str, Any], reason: str) -> None:
+    ready = by_type(status_mod.conditions(observation(make_job, **change)))["Ready"]
+    assert (ready.status, ready.reason) == ("False", reason)
+    assert ready.message
+
+
+def test_pools_scaled_to_zero_and_external_pools_do_not_block_ready(make_job: Any, hetero_text: str) -> None:
+    job = make_job(hetero_text.replace("replicas: 3", "replicas: 0"))
+    obs = observation(
+        make_job, job=job, coordinator=doc(workers=[worker("w2", "cpu", 15), worker("w3", "shared", 16)])
+    )
+    obs = status_mod.Observation(**{**obs.__dict__, "deployments": {}})
+    assert by_type(status_mod.conditions(obs))["Ready"].status == "True"
+
+
+def test_completed_and_suspended(make_job: Any) -> None:
+    done = by_type(status_mod.conditions(observation(make_job, coordinator=doc(t=100))))
+    assert (done["Progressing"].status, done["Progressing"].reason) == ("False", "Completed")
+    suspended = by_type(status_mod.conditions(observation(make_job, suspended=True, coordinator=None)))
+    assert (suspended["Suspended"].status, suspended["Suspended"].reason) == ("True", "JobSuspended")
+    assert suspended["Progressing"].reason == "Suspended"
+    assert suspended["Degraded"].status == "False"
+
+
+def test_staleness_bound_false_names_the_pools_that_cannot_keep_up(make_job: Any) -> None:
+    d = doc(t=17, workers=[worker("w1", "gpu", 10, stuck=True), worker("w2", "cpu", 16)])
+    behind = staleness.pools_behind(d, SyncPolicySpec(max_staleness=2))
+    cond = by_type(
+        status_mod.conditions(observation(make_job, coordinator=d, behind=behind, restarted=("p1",)))
+    )
+    bounded = cond["StalenessBounded"]
+    assert (bounded.status, bounded.reason) == ("False", "PoolFallingBehind")
+    assert "pool gpu is at policy version 10 while t_train is 17" in bounded.message
+    assert "stuck worker(s): w1" in bounded.message and "restarted 1 stuck worker pod(s)" in bounded.message
+    assert "cpu" not in bounded.message.split(":")[0]
+
+
+def test_a_broken_bound_is_loud(make_job: Any) -> None:
+    cond = by_type(
+        status_mod.conditions(observation(make_job, coordinator=doc(max_observed=3, max_staleness=2)))
+    )
+    assert (cond["StalenessBounded"].status, cond["StalenessBounded"].reason) == ("False", "BoundExceeded")
+    assert (cond["Degraded"].status, cond["Degraded"].reason) == ("True", "BoundExceeded")
+
+
+def test_unreachable_coordinator_with_a_ready_pod_is_degraded(make_job: Any) -> None:
+    ready = {"demo-coordinator": {"spec": {"replicas": 1}, "status": {"readyReplicas": 1}}}
+    obs = observation(make_job, coordinator=None, coordinator_error="timed out", deployments=ready)
+    degraded = by_type(status_mod.conditions(obs))["Degraded"]
+    assert (degraded.status, degraded.reason) == ("True", "CoordinatorUnreachable")
+    assert "timed out" in degraded.message
+    starting = observation(make_job, coordinator=None, coordinator_error="refused", deployments={})
+    assert by_type(status_mod.conditions(starting))["Degraded"].status == "False"
+
+
+def test_merge_keeps_transition_times_while_status_holds() -> None:
+    first = conditions.merge([], [Condition("Ready", "False", "CoordinatorNotReady", "wait")], 1, "T1")
+    assert first == [
+        {
+            "type": "Ready",
+            "status": "False",
+            "reason": "CoordinatorNotReady",
+            "message": "wait",
+            "lastTransitionTime": "T1",
+            "observedGeneration": 1,
+        }
+    ]
+    same = conditions.merge(first, [Condition("Ready", "False", "TrainerNotReady", "1 of 2")], 2, "T2")
+    assert same[0]["lastTransitionTime"] == "T1" and same[0]["reason"] == "TrainerNotReady"
+    assert same[0]["observedGeneration"] == 2
+    flipped = conditions.merge(same, [Condition("Ready", "True", "AllComponentsReady", "up")], 2, "T3")
+    assert flipped[0]["lastTransitionTime"] == "T3"
+    foreign = [*flipped, {"type": "Custom", "status": "True", "reason": "X"}]
+    kept = conditions.merge(foreign, [Condition("Ready", "True", "AllComponentsReady", "up")], 2, "T4")
+    assert kept[1] == {"type": "Custom", "status": "True", "reason": "X"}
+
+
+def test_transitions_are_news_only_when_something_changed() -> None:
+    before = conditions.merge(
+        [],
+        [
+            Condition("Ready", "False", "CoordinatorNotReady", "m"),
+            Condition("StalenessBounded", "True", "WithinBound", "m"),
+        ],
+        1,
+        "T",
+    )
+    assert conditions.transitions([], [Condition("Ready", "False", "CoordinatorNotReady", "m")]) == []
+    assert (
+        conditions.transitions(before, [Condition("Ready", "False", "CoordinatorNotReady", "other msg")])
+        == []
+    )
+    (change,) = conditions.transitions(
+        before, [Condition("StalenessBounded", "False", "PoolFallingBehind", "m")]
+    )
+    assert change.warning and change.previous_status == "True"
+    (back,) = conditions.transitions(before, [Condition("Ready", "True", "AllComponentsReady", "m")])
+    assert not back.warning
+    (suspended,) = conditions.transitions(
+        conditions.merge([], [Condition("Suspended", "False", "NotSuspended", "")], 1, "T"),
+        [Condition("Suspended", "True", "JobSuspended", "")],
+    )
+    assert not suspended.warning
+
+
+# ---------------------------------------------------------------------------------------------
+# Δmax enforcement
+
+
+def test_pools_behind_use_the_staleness_rule_per_mode() -> None:
+    d = doc(t=10, workers=[worker("a", "gpu", 8), worker("b", "cpu", 7), worker("c", "mac", None)])
+    assert set(staleness.pools_behind(d, SyncPolicySpec(mode="Async", max_staleness=2))) == {"cpu"}
+    assert set(staleness.pools_behind(d, SyncPolicySpec(mode="Async", max_staleness=3))) == set()
+    seq = SyncPolicySpec(mode="Sequential", max_staleness=3, refresh_threshold=1)
+    assert set(staleness.pools_behind(d, seq)) == {"gpu", "cpu"}  # Sequential's bound is refreshThreshold
+    lag = staleness.pools_behind(d, seq)["cpu"]
+    assert (lag.staleness, lag.bound) == (3, 1)
+    assert "refreshThreshold 1" in lag.describe("Sequential")
+
+
+def test_a_stuck_worker_puts_its_pool_behind_even_within_the_bound() -> None:
+    d = doc(t=10, workers=[worker("a", "gpu", 10, stuck=True)])
+    assert staleness.pools_behind(d, SyncPolicySpec(max_staleness=2))["gpu"].stuck == ("a",)
+
+
+def test_only_a_persistent_lag_counts() -> None:
+    since = staleness.track({"gpu"}, {}, now=100.0)
+    assert staleness.cannot_keep_up(since, 110.0, grace_s=30.0) == []
+    since = staleness.track({"gpu", "cpu"}, since, now=131.0)
+    assert since == {"gpu": 100.0, "cpu": 131.0}
+    assert staleness.cannot_keep_up(since, 131.0, grace_s=30.0) == ["gpu"]
+    assert staleness.track({"cpu"}, since, now=140.0) == {"cpu": 131.0}  # gpu caught up: forgotten
+
+
+class HostedWorker(wire.WorkerStatus):
+    """A worker as reported once the status document carries the worker's host (its pod name)."""
+
+    host: str | None = None
+
+
+def test_restarts_only_our_stuck_pods_and_not_too_often() -> None:
+    workers = [
+        worker("demo-gpu-7d9-abcde", "gpu", 3, stuck=True),
+        worker("w-2", "gpu", 3, stuck=True, host="demo-gpu-7d9-fghij"),
+        worker("w-3", "gpu", 3, stuck=True, host="someone-else"),
+        worker("mac-1", "mac", 3, stuck=True, external=True),
+        worker("demo-cpu-1", "cpu", 16),
+    ]
+    d = doc().model_copy(update={"workers": [HostedWorker.model_validate(w) for w in workers]})
+    pods = {"gpu": ["demo-gpu-7d9-abcde", "demo-gpu-7d9-fghij"], "cpu": ["demo-cpu-1"]}
+    out = staleness.restarts(d, pods, {}, now=100.0, cooldown_s=60.0)
+    assert [(r.pool, r.pod, r.worker, r.loaded_version) for r in out] == [
+        ("gpu", "demo-gpu-7d9-abcde", "demo-gpu-7d9-abcde", 3),
+        ("gpu", "demo-gpu-7d9-fghij", "w-2", 3),
+    ]
+    again = staleness.restarts(d, pods, {"demo-gpu-7d9-abcde": 80.0}, now=100.0, cooldown_s=60.0)
+    assert [r.pod for r in again] == ["demo-gpu-7d9-fghij"]
+    assert [w.id for w in staleness.stuck_external(d)] == ["mac-1"]
