@@ -1,0 +1,69 @@
+"""The inference backend interface: load a base model, apply snapshots in place, sample with log-probs.
+
+Every backend (``transformers``, ``mlx``, ``vllm``) implements :class:`Backend`. Promises:
+
+* ``sample`` returns, for each prompt, ``n`` :class:`Sample` s whose ``logprobs[i]`` is the
+  *behaviour log-probability* of ``completion_ids[i]``: ``log softmax(logits / temperature)`` at that
+  position under the currently applied snapshot — the quantity the trainer recomputes (top-p, if
+  used, restricts what can be sampled but is not folded into the reported log-prob).
+* A completion ends at the tokenizer's EOS (included in ``completion_ids``; ``finish_reason`` is
+  ``"stop"``) or after ``max_new_tokens`` (``"length"``).
+* ``apply_snapshot`` switches the weights to a published version without reloading the base model
+  for LoRA snapshots; ``loaded_version`` then reports it (``None`` means the base model itself).
+* ``name``, ``device`` and ``dtype`` describe where the samples came from; every rollout carries them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal, Protocol
+
+SnapshotKind = Literal["lora", "full"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How to sample: mirrors the manifest's ``spec.algorithm.sampling``."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 32
+    seed: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    """One sampled completion with its behaviour log-probs."""
+
+    text: str
+    """The decoded completion (without the EOS token)."""
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    """Behaviour log-prob of each completion token; ``len(logprobs) == len(completion_ids)``."""
+    finish_reason: Literal["stop", "length"]
+
+
+class Backend(Protocol):
+    """What a worker needs from an inference engine."""
+
+    name: str
+    device: str
+    dtype: str
+
+    @property
+    def loaded_version(self) -> int | None: ...
+
+    def apply_snapshot(self, version: int, path: Path, kind: SnapshotKind) -> None:
+        """Load snapshot ``version`` from the verified local directory ``path``."""
+        ...
+
+    def sample(self, prompts: Sequence[str], n: int, params: SamplingParams) -> list[list[Sample]]:
+        """``n`` completions for each prompt, in prompt order."""
+        ...
+
+    def score_logprobs(self, prompt_ids: Sequence[int], completion_ids: Sequence[int], temperature: float) -> list[float]:
+        """Log-probs of a given completion under the current weights (parity and fidelity checks)."""
+        ...
