@@ -1,0 +1,128 @@
+"""``echorl trainer --job job.yaml --coordinator URL --token T [--resume]``: run the GRPO trainer of one job.
+
+Launch it once for a single process, or under torchrun for data parallelism (every rank runs the same
+command; rank 0 talks to the coordinator and the snapshot store)::
+
+    torchrun --nproc-per-node 2 -m echo_runtime.cli.trainer --job job.yaml --coordinator URL
+
+The token may come from ``ECHORL_TRAINER_TOKEN`` instead of ``--token`` (keeps it out of ``ps``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import click
+
+from echo_runtime import spec
+
+
+@click.command()
+@click.option(
+    "--job",
+    "job_path",
+    required=True,
+    type=click.Path(dir_okay=False, exists=True),
+    help="The EchoJob manifest (with any objects it references).",
+)
+@click.option("--name", default=None, help="Which EchoJob, if the file holds several.")
+@click.option(
+    "--coordinator", "url", required=True, help="The coordinator's URL, e.g. http://127.0.0.1:8700."
+)
+@click.option(
+    "--token",
+    envvar="ECHORL_TRAINER_TOKEN",
+    required=True,
+    show_envvar=True,
+    help="The trainer's join token.",
+)
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Continue from the newest published version and checkpoint in the snapshot store.",
+)
+@click.option(
+    "--metrics-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Append one JSON record per optimizer step (kind: trainer) to this file.",
+)
+@click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where fetched snapshots and checkpoints are kept (default: a temporary directory).",
+)
+@click.option(
+    "--max-steps",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Stop at this policy version instead of spec.algorithm.maxSteps.",
+)
+@click.option(
+    "--batch-timeout",
+    type=click.FloatRange(min=0.1),
+    default=None,
+    help="Fail if no batch arrives within this many seconds (default: wait indefinitely).",
+)
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
+def trainer(
+    job_path: str,
+    name: str | None,
+    url: str,
+    token: str,
+    resume: bool,
+    metrics_file: Path | None,
+    cache_dir: Path | None,
+    max_steps: int | None,
+    batch_timeout: float | None,
+    log_level: str,
+) -> None:
+    """Run the GRPO trainer: pull batches, take optimizer steps, publish a snapshot after each one."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))  # not every request
+    try:
+        job = spec.load_job(job_path, name)
+    except spec.ManifestError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+    import torch
+
+    from echo_runtime.coordinator import client as coordinator_client
+    from echo_runtime.snapshots import SnapshotError, open_store
+    from echo_runtime.trainer import distributed, loop
+
+    swarm = job.training_swarm
+    if swarm.threads is not None:
+        torch.set_num_threads(swarm.threads)
+    world = distributed.init_world(swarm.device)
+    coordinator = coordinator_client.TrainerClient(url, token) if world.is_main else None
+    store = (
+        open_store(job.spec.storage, job.name, retention=job.sync_policy.retention) if world.is_main else None
+    )
+    options = loop.LoopOptions(
+        resume=resume,
+        cache_dir=cache_dir,
+        metrics_path=metrics_file,
+        max_steps=max_steps,
+        batch_timeout_s=batch_timeout,
+    )
+    try:
+        result = loop.run(job, coordinator=coordinator, store=store, world=world, options=options)
+    except (loop.ResumeRefused, coordinator_client.CoordinatorError, SnapshotError, TimeoutError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        if coordinator is not None:
+            coordinator.close()
+        distributed.shutdown(world)
+    if world.is_main:
+        click.echo(
+            f"trainer: version {result.start_version} → {result.version} "
+            f"({len(result.steps)} optimizer step(s), rank 0 of {world.world_size}, pid {os.getpid()})"
+        )
+
+
+if __name__ == "__main__":  # torchrun -m echo_runtime.cli.trainer ...
+    trainer()

@@ -1,0 +1,379 @@
+"""The trainer's loop: batch at version t → admission → one optimizer step → publish t+1 → announce.
+
+One iteration, on every rank of the data-parallel group (rank 0 alone does the I/O)::
+
+    rank 0: batch = coordinator.wait_batch(t)          # long-poll; the prompt text is tokenised here
+    all:    plan  = plan_step(batch, staleness policy)  # the trainer's own admission check
+    all:    train_step(plan)                            # micro-batches, DDP all-reduce, AdamW
+    rank 0: store.publish(t + 1, snapshot files); coordinator.announce(t + 1)
+    all:    every checkpointInterval versions (and at the last one): checkpoint through the store
+
+Promises:
+
+* **Versions are consecutive and never reused.** The version published after a step is exactly one more
+  than the version the batch was requested at; a (re)started trainer continues from the newest published
+  version (:func:`echo_runtime.trainer.checkpoint.resume_point`), so no version is repeated or skipped.
+  Without ``resume`` a store that already holds versions or checkpoints of the job is an error, never
+  silently continued or overwritten.
+* **Publish, then announce.** A version is announced only after the store has it, so a worker told to
+  load it can.
+* **Nothing too stale is trained on.** Every group goes through
+  :func:`echo_runtime.coordinator.staleness.admit` again here; refused groups are dropped (and logged as
+  errors: the coordinator applies the same rule, so any is a bug or a mismatched manifest). A batch with
+  nothing admissible stops the trainer with an error rather than asking for the same batch forever.
+* A clean end (``maxSteps`` reached) always leaves a checkpoint of the last version.
+* Each step's metrics go to the log and, when a metrics file is given, as one JSON record
+  (``kind: "trainer"``) per step, including the per-backend log-prob mismatch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from echo_runtime.coordinator import staleness, wire
+from echo_runtime.spec.load import ResolvedJob
+from echo_runtime.trainer import checkpoint as ckpt
+from echo_runtime.trainer import distributed, step
+from echo_runtime.trainer.batch import Batch, batch_from_wire, shard
+from echo_runtime.trainer.policy import TrainablePolicy, load_policy
+
+_log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Coordinator(Protocol):
+    """What the loop needs from the coordinator (:class:`echo_runtime.coordinator.client.TrainerClient`)."""
+
+    def announce(self, version: int) -> Any: ...
+
+    def wait_batch(
+        self, version: int, policy: staleness.StalenessPolicy | None = None, timeout: float | None = None
+    ) -> wire.BatchReply: ...
+
+
+class Store(Protocol):
+    """What the loop needs from the snapshot store (:class:`echo_runtime.snapshots.SnapshotStore`)."""
+
+    def publish(
+        self, version: int, files: Any, *, kind: Any, base_model: str, step: int | None = None
+    ) -> Any: ...
+
+    def latest_version(self) -> int | None: ...
+
+    def latest_checkpoint(self) -> int | None: ...
+
+    def fetch(self, version: int, cache_dir: Any) -> Path: ...
+
+    def fetch_checkpoint(self, step: int, cache_dir: Any) -> Path: ...
+
+    def save_checkpoint(self, step: int, files: Any, *, base_model: str = "") -> Any: ...
+
+
+class ResumeRefused(RuntimeError):
+    """The store already holds this job's versions and ``resume`` was not asked for."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopOptions:
+    """How to run the loop (the rest comes from the manifest)."""
+
+    resume: bool = False
+    cache_dir: Path | None = None
+    """Where fetched snapshots/checkpoints are kept (default: a temporary directory)."""
+    metrics_path: Path | None = None
+    """Append one JSON record per step here (rank 0)."""
+    max_steps: int | None = None
+    """Stop at this version instead of ``spec.algorithm.maxSteps``."""
+    batch_timeout_s: float | None = None
+    """Give up waiting for one batch after this long (None: wait as long as it takes)."""
+    on_step: Callable[[step.StepMetrics], None] | None = None
+    """Called on rank 0 after each published step (tests, progress bars)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+    start_version: int
+    version: int
+    """The last version published (equal to ``start_version`` if no step ran)."""
+    steps: tuple[step.StepMetrics, ...]
+
+
+def run(
+    job: ResolvedJob,
+    *,
+    coordinator: Coordinator | None,
+    store: Store | None,
+    world: distributed.World | None = None,
+    options: LoopOptions | None = None,
+    model_dir: str | None = None,
+) -> RunResult:
+    """Train ``job`` until ``maxSteps``; ``coordinator`` and ``store`` are needed on rank 0 only."""
+    world = world or distributed.World()
+    options = options or LoopOptions()
+    if world.is_main and (coordinator is None or store is None):
+        raise ValueError("rank 0 needs a coordinator client and a snapshot store")
+    algorithm = job.spec.algorithm
+    max_steps = options.max_steps if options.max_steps is not None else algorithm.max_steps
+    interval = job.training_swarm.checkpoint_interval
+    with tempfile.TemporaryDirectory(prefix="echorl-trainer-") as scratch:
+        cache_dir = options.cache_dir or Path(scratch) / "cache"
+        trainer = _Trainer.build(job, world, model_dir)
+        start = _resume(trainer, store, world, options.resume, cache_dir)
+        module = distributed.wrap(trainer.policy.model, world)
+        policy_rule = staleness.StalenessPolicy.from_spec(job.sync_policy)
+        config = step.StepConfig.from_algorithm(algorithm)
+        comm = distributed.collective(world)
+        metrics_file = (
+            options.metrics_path.open("a", encoding="utf-8")
+            if options.metrics_path and world.is_main
+            else None
+        )
+        version, done = start, []
+        try:
+            if world.is_main and coordinator is not None:
+                coordinator.announce(version)
+            while version < max_steps:
+                batch = _next_batch(trainer, coordinator, world, version, options.batch_timeout_s)
+                plan = step.plan_step(batch, policy_rule)
+                _check_plan(plan)
+                metrics = step.train_step(
+                    trainer.policy,
+                    trainer.optimizer,
+                    plan,
+                    config,
+                    module=module,
+                    collective=comm,
+                    shard=shard,
+                )
+                version += 1
+                timings = {"publishSeconds": 0.0, "checkpointSeconds": 0.0}
+                if world.is_main:
+                    assert store is not None and coordinator is not None
+                    timings["publishSeconds"] = _publish(trainer, store, coordinator, version, scratch)
+                if version % interval == 0 or version == max_steps:
+                    timings["checkpointSeconds"] = _checkpoint(trainer, store, world, version, scratch)
+                done.append(metrics)
+                if world.is_main:
+                    record = metrics_record(metrics, timings)
+                    _log.info("step %s", json.dumps(record, sort_keys=True))
+                    if metrics_file is not None:
+                        metrics_file.write(json.dumps(record, sort_keys=True) + "\n")
+                        metrics_file.flush()
+                    if options.on_step is not None:
+                        options.on_step(metrics)
+        finally:
+            if metrics_file is not None:
+                metrics_file.close()
+    return RunResult(start_version=start, version=version, steps=tuple(done))
+
+
+@dataclasses.dataclass
+class _Trainer:
+    job: ResolvedJob
+    policy: TrainablePolicy
+    optimizer: Any
+    base_model: str
+    encode: Callable[[str], Sequence[int]]
+
+    @classmethod
+    def build(cls, job: ResolvedJob, world: distributed.World, model_dir: str | None) -> _Trainer:
+        from echo_runtime.backends import sampling
+        from echo_runtime.models import load as model_load
+
+        spec = job.spec
+        # Same start on every rank (DDP also broadcasts rank 0's weights); then per-rank streams.
+        ckpt.seed_everything(spec.algorithm.seed)
+        path = model_dir if model_dir is not None else model_load.resolve_spec(spec.model, spec.task)
+        policy = load_policy(
+            spec.model,
+            spec.task,
+            device=world.device,
+            with_reference=spec.algorithm.kl_coef > 0 and spec.model.finetune == "Full",
+            model_dir=path,
+        )
+        ckpt.seed_everything(spec.algorithm.seed + world.rank)
+        optimizer = step.make_optimizer(policy.trainable_parameters(), spec.algorithm.learning_rate)
+        tokenizer = model_load.load_tokenizer(path) if world.is_main else None
+
+        def encode(prompt: str) -> Sequence[int]:
+            return sampling.encode_prompt(tokenizer, prompt)
+
+        return cls(job=job, policy=policy, optimizer=optimizer, base_model=spec.model.path, encode=encode)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Failure:
+    """What the other ranks learn when rank 0 fails (exceptions do not always survive pickling)."""
+
+    message: str
+
+
+def _from_main(world: distributed.World, compute: Callable[[], T]) -> T:
+    """``compute()`` on rank 0, broadcast to every rank; a failure on rank 0 is raised on every rank."""
+    if world.backend is None:
+        return compute()
+    result: T | _Failure | None = None
+    error: BaseException | None = None
+    if world.is_main:
+        try:
+            result = compute()
+        except Exception as exc:
+            error, result = exc, _Failure(f"{type(exc).__name__}: {exc}")
+    shared = world.broadcast(result)
+    if error is not None:
+        raise error
+    if isinstance(shared, _Failure):
+        raise RuntimeError(f"rank 0 failed: {shared.message}")
+    return shared  # type: ignore[return-value]
+
+
+def _resume(
+    trainer: _Trainer, store: Store | None, world: distributed.World, resume: bool, cache_dir: Path
+) -> int:
+    """Load the resume point's state on rank 0, share it with every rank, and return its version."""
+
+    def load() -> dict[str, Any]:
+        assert store is not None
+        return _load_resume_state(trainer, store, resume, cache_dir)
+
+    state = _from_main(world, load)
+    point: ckpt.ResumePoint = state["point"]
+    if not world.is_main and state.get("optimizer") is not None:
+        trainer.optimizer.load_state_dict(state["optimizer"])
+    rng = state.get("rng")
+    if rng is not None and world.rank < len(rng):
+        ckpt.restore_rng(rng[world.rank])
+    # Non-zero ranks get rank 0's weights when DDP wraps the model (it broadcasts them).
+    return point.version
+
+
+def _load_resume_state(trainer: _Trainer, store: Store, resume: bool, cache_dir: Path) -> dict[str, Any]:
+    latest_checkpoint, latest_snapshot = store.latest_checkpoint(), store.latest_version()
+    if not resume and (latest_checkpoint is not None or latest_snapshot is not None):
+        raise ResumeRefused(
+            f"the snapshot store already holds this job's versions (latest snapshot {latest_snapshot}, "
+            f"latest checkpoint {latest_checkpoint}); pass --resume to continue from them, or use another "
+            f"job name or storage path to start over"
+        )
+    point = ckpt.resume_point(latest_checkpoint, latest_snapshot)
+    state: dict[str, Any] = {"point": point, "optimizer": None, "rng": None}
+    if point.weights == "snapshot":
+        trainer.policy.load_snapshot(store.fetch(point.version, cache_dir / "snapshots"))
+    if point.checkpoint is not None:
+        found = ckpt.read_checkpoint(store.fetch_checkpoint(point.checkpoint, cache_dir / "checkpoints"))
+        ckpt.apply_checkpoint(found, trainer.policy, trainer.optimizer, weights=point.weights == "checkpoint")
+        state["optimizer"], state["rng"] = found.optimizer, found.rng
+    if point.version > 0:
+        lag = (
+            ""
+            if point.checkpoint == point.version
+            else (
+                f"; optimizer state from checkpoint {point.checkpoint}"
+                if point.checkpoint is not None
+                else "; fresh optimizer state (no checkpoint)"
+            )
+        )
+        _log.info("resuming at version %d (weights from %s%s)", point.version, point.weights, lag)
+    return state
+
+
+def _next_batch(
+    trainer: _Trainer,
+    coordinator: Coordinator | None,
+    world: distributed.World,
+    version: int,
+    timeout: float | None,
+) -> Batch:
+    """Rank 0 fetches the batch for ``version`` and broadcasts it to every rank."""
+
+    def fetch() -> Batch:
+        assert coordinator is not None
+        reply = coordinator.wait_batch(version, timeout=timeout)
+        if reply.version != version:
+            raise RuntimeError(f"asked for the batch at version {version}, got one for {reply.version}")
+        groups = [g.model_dump(by_alias=True) for g in reply.groups]
+        return batch_from_wire(version, groups, trainer.encode)
+
+    return _from_main(world, fetch)
+
+
+def _check_plan(plan: step.Plan) -> None:
+    for dropped in plan.dropped:
+        _log.error(
+            "dropping group %s at version %d: %s", dropped.group_id, plan.version, dropped.admission.reason
+        )
+    if not plan.slots:
+        raise staleness_error(plan)
+
+
+def staleness_error(plan: step.Plan) -> RuntimeError:
+    reasons = "; ".join(f"{d.group_id}: {d.admission.reason}" for d in plan.dropped[:3])
+    return RuntimeError(
+        f"the coordinator's batch for version {plan.version} holds no group the staleness rule admits "
+        f"({reasons}); do the coordinator and the trainer read the same manifest?"
+    )
+
+
+def _publish(trainer: _Trainer, store: Store, coordinator: Coordinator, version: int, scratch: str) -> float:
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(dir=scratch, prefix=f"snapshot-{version}-") as out:
+        files = trainer.policy.export_snapshot(out)
+        store.publish(version, files, kind=trainer.policy.snapshot_kind, base_model=trainer.base_model)
+    coordinator.announce(version)
+    return time.perf_counter() - started
+
+
+def _checkpoint(
+    trainer: _Trainer, store: Store | None, world: distributed.World, version: int, scratch: str
+) -> float:
+    started = time.perf_counter()
+    rng = world.gather(ckpt.capture_rng())
+    if world.is_main:
+        assert store is not None and rng is not None
+        with tempfile.TemporaryDirectory(dir=scratch, prefix=f"checkpoint-{version}-") as out:
+            ckpt.write_checkpoint(out, trainer.policy, trainer.optimizer, version, rng, trainer.base_model)
+            store.save_checkpoint(version, out, base_model=trainer.base_model)
+    world.barrier()
+    return time.perf_counter() - started
+
+
+def metrics_record(metrics: step.StepMetrics, timings: dict[str, float]) -> dict[str, Any]:
+    """The ``kind: "trainer"`` record of one step (camelCase, as the run's ``metrics.jsonl`` holds them)."""
+    return {
+        "kind": "trainer",
+        "unixTime": time.time(),
+        "policyVersion": metrics.version,
+        "stepSeconds": metrics.seconds,
+        **timings,
+        "loss": metrics.loss,
+        "kl": metrics.kl,
+        "clipFraction": metrics.clip_fraction,
+        "truncatedFraction": metrics.truncated_fraction,
+        "importanceWeightMean": metrics.importance_weight_mean,
+        "importanceWeightMax": metrics.importance_weight_max,
+        "rewardMean": metrics.reward_mean,
+        "gradNorm": metrics.grad_norm,
+        "groups": metrics.groups,
+        "rollouts": metrics.rollouts,
+        "tokens": metrics.tokens,
+        "droppedGroups": metrics.dropped_groups,
+        "weightedGroups": metrics.weighted_groups,
+        "maxStaleness": metrics.max_staleness,
+        "logprobMismatch": {
+            name: {
+                "sequences": m.sequences,
+                "tokens": m.tokens,
+                "meanAbs": m.mean_abs,
+                "maxAbs": m.max_abs,
+                "klSeq": m.kl_seq,
+            }
+            for name, m in metrics.mismatch.items()
+        },
+    }

@@ -1,0 +1,375 @@
+"""One optimizer step over a batch of groups: admission, advantages, accumulated gradients, AdamW, metrics.
+
+The step that turns version ``t`` into ``t + 1`` works in two parts:
+
+* :func:`plan_step` (pure) decides what is consumed. It asks the staleness rule —
+  :func:`echo_runtime.coordinator.staleness.admit`, the same function the coordinator enforces — about
+  every group: groups it refuses are dropped (never trained on, whatever the coordinator sent), groups
+  it marks ``importance_weighted`` get the decoupled, truncated-importance-weighted surrogate. It then
+  computes GRPO advantages per group and the batch totals that fix every token's weight.
+* :func:`train_step` (the shell) runs forward/backward over micro-batches of ``microBatchSize``
+  rollouts, accumulating gradients, then clips the gradient norm and takes one AdamW step.
+
+Invariants:
+
+* **Accumulation is exact.** Each micro-batch's loss is its share of the full-batch loss (token weights
+  come from the whole batch, :func:`echo_runtime.trainer.loss.token_weights`), so the summed gradient is
+  the full-batch gradient whatever the micro-batch size; under DDP each rank's loss is multiplied by
+  the world size because DDP averages gradients over ranks.
+* **One step, one version.** A call performs exactly one optimizer step, or raises before touching
+  the weights (an empty plan is refused up front).
+* **Metrics are global.** With ``world_size > 1`` every sum and maximum is all-reduced, so every rank
+  returns the same :class:`StepMetrics`. ``mismatch`` compares, per backend, the behaviour log-probs a
+  backend reported with this step's recomputation *for rollouts sampled at the trainer's current
+  version* (other rollouts differ by policy drift, not by backend numerics): mean and max per-token
+  ``|Δ|`` and a sequence-level estimate of ``KL(μ ‖ π_θ)`` (per-token k3 summed over the completion,
+  averaged over sequences). With LoRA dropout > 0 the recomputation includes dropout noise.
+
+Constants (not in the manifest): AdamW with betas (0.9, 0.999), eps 1e-8 and no weight decay;
+gradient-norm clipping at 1.0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from echo_runtime.coordinator import staleness
+from echo_runtime.spec.policy import Algorithm
+from echo_runtime.trainer import loss
+from echo_runtime.trainer.batch import Batch, Slot, micro_batches
+from echo_runtime.trainer.policy import Packed, TrainablePolicy, completion_logprobs, pack
+
+MAX_GRAD_NORM = 1.0
+ADAM_BETAS = (0.9, 0.999)
+ADAM_EPS = 1e-8
+WEIGHT_DECAY = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+    """The loss and accumulation settings of a step (from the manifest's ``spec.algorithm``)."""
+
+    clip_range: float = 0.2
+    cap: float = 2.0
+    kl_coef: float = 0.0
+    temperature: float = 1.0
+    """The sampling temperature: log-probs are ``log_softmax(logits / T)``, as the backends report them."""
+    micro_batch_size: int = 8
+    max_grad_norm: float = MAX_GRAD_NORM
+    normalization: loss.Normalization = "token"
+
+    @classmethod
+    def from_algorithm(cls, algorithm: Algorithm) -> StepConfig:
+        return cls(
+            clip_range=algorithm.clip_range,
+            cap=algorithm.importance_weight_cap,
+            kl_coef=algorithm.kl_coef,
+            temperature=algorithm.sampling.temperature,
+            micro_batch_size=algorithm.micro_batch_size,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Dropped:
+    """A group the staleness rule refused at this version."""
+
+    group_id: str
+    admission: staleness.Admission
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What one optimizer step consumes (pure data; the same on every rank)."""
+
+    version: int
+    """``t``: the step turns it into ``t + 1``."""
+    slots: tuple[Slot, ...]
+    """The admitted rollouts with their advantages, group by group."""
+    dropped: tuple[Dropped, ...]
+    groups: int
+    weighted_groups: int
+    max_staleness: int | None
+    reward_mean: float | None
+    total_tokens: int
+    backends: tuple[str, ...]
+    """Backend names of the admitted rollouts, sorted (fixes the layout of the mismatch metrics)."""
+
+
+def plan_step(batch: Batch, policy: staleness.StalenessPolicy) -> Plan:
+    """Admit the groups of ``batch`` at ``batch.version`` with the staleness rule; advantages per group."""
+    slots: list[Slot] = []
+    dropped: list[Dropped] = []
+    rewards: list[float] = []
+    weighted = 0
+    max_seen: int | None = None
+    for group in batch.groups:
+        verdict = staleness.admit(group.policy_version, batch.version, policy)
+        if not verdict.consume:
+            dropped.append(Dropped(group.id, verdict))
+            continue
+        weighted += verdict.importance_weighted
+        max_seen = verdict.staleness if max_seen is None else max(max_seen, verdict.staleness)
+        group_rewards = [r.reward for r in group.rollouts]
+        advantages = loss.group_advantages(torch.tensor([group_rewards], dtype=torch.float64))[0].tolist()
+        rewards.extend(group_rewards)
+        slots.extend(
+            Slot(rollout=r, advantage=a, decoupled=verdict.importance_weighted)
+            for r, a in zip(group.rollouts, advantages, strict=True)
+        )
+    return Plan(
+        version=batch.version,
+        slots=tuple(slots),
+        dropped=tuple(dropped),
+        groups=len(batch.groups) - len(dropped),
+        weighted_groups=weighted,
+        max_staleness=max_seen,
+        reward_mean=sum(rewards) / len(rewards) if rewards else None,
+        total_tokens=sum(len(s.rollout.completion_ids) for s in slots),
+        backends=tuple(sorted({s.rollout.backend for s in slots})),
+    )
+
+
+def make_optimizer(params: Sequence[torch.nn.Parameter], learning_rate: float) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters (constants in the module docstring)."""
+    return torch.optim.AdamW(
+        params, lr=learning_rate, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=WEIGHT_DECAY
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendMismatch:
+    """Behaviour log-probs a backend reported vs the trainer's recomputation, same tokens, same version."""
+
+    sequences: int
+    tokens: int
+    mean_abs: float
+    """Mean over tokens of ``|log μ − log π_θ|``."""
+    max_abs: float
+    kl_seq: float
+    """Mean over sequences of ``Σ_t k3`` — an estimate of the sequence-level ``KL(μ ‖ π_θ)``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StepMetrics:
+    """What one optimizer step did (the same on every rank)."""
+
+    version: int
+    """The new version ``t + 1``."""
+    loss: float
+    kl: float | None
+    """Token-weighted mean k3 ``KL(π_θ ‖ π_ref)``; None without a KL penalty."""
+    clip_fraction: float
+    """Fraction of completion tokens where PPO's clip was active."""
+    truncated_fraction: float
+    """Fraction of completion tokens whose importance weight was truncated at the cap."""
+    importance_weight_mean: float
+    """Mean over tokens of ``ρ = π_θ / μ`` before truncation."""
+    importance_weight_max: float
+    reward_mean: float | None
+    grad_norm: float
+    """Gradient norm before clipping."""
+    groups: int
+    rollouts: int
+    tokens: int
+    dropped_groups: int
+    weighted_groups: int
+    max_staleness: int | None
+    mismatch: dict[str, BackendMismatch]
+    """Per backend; only backends with rollouts at the trainer's current version appear."""
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class Collective:
+    """How a step combines numbers across data-parallel ranks; this base is the single-process case."""
+
+    world_size: int = 1
+    rank: int = 0
+
+    def sum(self, values: torch.Tensor) -> torch.Tensor:
+        return values
+
+    def max(self, values: torch.Tensor) -> torch.Tensor:
+        return values
+
+
+SINGLE = Collective()
+
+# Layout of the summed metrics vector (per step) and of the per-backend part.
+_LOSS, _KL, _CLIPPED, _TRUNCATED, _RATIO, _TOKENS, _ROLLOUTS = range(7)
+_M_TOKENS, _M_ABS, _M_SEQS, _M_KL = range(4)
+
+
+def train_step(
+    policy: TrainablePolicy,
+    optimizer: torch.optim.Optimizer,
+    plan: Plan,
+    config: StepConfig,
+    *,
+    module: torch.nn.Module | None = None,
+    collective: Collective = SINGLE,
+    shard: Callable[[Sequence[Slot], int, int], list[Slot]] | None = None,
+) -> StepMetrics:
+    """One optimizer step over ``plan`` (see the module docstring); returns the global metrics.
+
+    ``module`` is what runs the forward pass: ``policy.model`` itself, or its DDP wrapper (whose
+    ``no_sync`` then defers the gradient all-reduce to the last micro-batch). ``shard`` picks this rank's
+    slots (:func:`echo_runtime.trainer.batch.shard`); without it the rank processes every slot.
+    """
+    if not plan.slots:
+        raise ValueError(f"nothing to train on at version {plan.version}: every group was dropped")
+    started = time.perf_counter()
+    net = module if module is not None else policy.model
+    world = collective.world_size
+    mine = shard(plan.slots, collective.rank, world) if shard is not None else list(plan.slots)
+    chunks = micro_batches(mine, config.micro_batch_size)
+    device = policy.device
+    index = {name: i for i, name in enumerate(plan.backends)}
+    sums = torch.zeros(7, dtype=torch.float64)
+    per_backend = torch.zeros(len(plan.backends), 4, dtype=torch.float64)
+    maxima = torch.full((1 + len(plan.backends),), -math.inf, dtype=torch.float64)
+    total_sequences = len(plan.slots)
+    optimizer.zero_grad(set_to_none=True)
+    for i, chunk in enumerate(chunks):
+        last = i == len(chunks) - 1
+        packed = pack([s.rollout for s in chunk], policy.pad_id, device)
+        live = torch.tensor([0.0 if s.filler else 1.0 for s in chunk], device=device).unsqueeze(1)
+        weights = (
+            loss.token_weights(packed.mask, config.normalization, plan.total_tokens, total_sequences) * live
+        )
+        advantages = torch.tensor([s.advantage for s in chunk], dtype=torch.float32, device=device)
+        decoupled = torch.tensor([s.decoupled for s in chunk], dtype=torch.bool, device=device)
+        ref = policy.reference_logprobs(packed, config.temperature) if config.kl_coef > 0 else None
+        with _maybe_no_sync(net, last):
+            logp = completion_logprobs(net, packed, config.temperature)
+            out = loss.grpo_loss(
+                logp,
+                packed.behaviour,
+                advantages,
+                weights,
+                clip_range=config.clip_range,
+                cap=config.cap,
+                kl_coef=config.kl_coef,
+                ref_logprobs=ref,
+                decoupled=decoupled,
+            )
+            torch.autograd.backward(out.loss * world)
+        _accumulate(
+            sums, per_backend, maxima, out, packed, logp.detach(), live, weights, chunk, index, plan.version
+        )
+    params = policy.trainable_parameters()
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    sums = collective.sum(sums)
+    per_backend = collective.sum(per_backend)
+    maxima = collective.max(maxima)
+    return _metrics(plan, sums, per_backend, maxima, float(grad_norm), config, time.perf_counter() - started)
+
+
+@contextlib.contextmanager
+def _maybe_no_sync(module: torch.nn.Module, last: bool) -> Iterator[None]:
+    no_sync = getattr(module, "no_sync", None)
+    if last or no_sync is None:
+        yield
+    else:
+        with no_sync():
+            yield
+
+
+def _accumulate(
+    sums: torch.Tensor,
+    per_backend: torch.Tensor,
+    maxima: torch.Tensor,
+    out: loss.GRPOLoss,
+    packed: Packed,
+    logp: torch.Tensor,
+    live: torch.Tensor,
+    weights: torch.Tensor,
+    chunk: Sequence[Slot],
+    index: dict[str, int],
+    version: int,
+) -> None:
+    """Add one micro-batch's statistics (one device-to-host copy per micro-batch)."""
+    mask = (packed.mask * live).bool()
+    ratio = out.surrogate.ratio.masked_fill(~mask, 0.0)
+    delta = (packed.behaviour - logp).abs().masked_fill(~mask, 0.0)
+    k3 = loss.kl_k3(packed.behaviour, logp).masked_fill(~mask, 0.0)  # KL(μ ‖ π_θ) per token, sampled from μ
+    kl = (out.kl * weights).sum() if out.kl is not None else torch.zeros((), device=logp.device)
+    scalars = torch.stack(
+        [
+            out.loss.detach(),
+            kl,
+            (out.surrogate.clipped & mask).sum(),
+            (out.surrogate.truncated & mask).sum(),
+            ratio.sum(),
+            mask.sum(),
+            live.sum(),
+            ratio.max(),
+        ]
+    ).double()
+    rows = torch.stack([mask.sum(1), delta.sum(1), k3.sum(1), delta.max(1).values], dim=1).double()
+    host = torch.cat([scalars, rows.flatten()]).cpu()
+    sums += host[:7]
+    maxima[0] = max(float(maxima[0]), float(host[7]))
+    for row, slot in enumerate(chunk):
+        if slot.filler or slot.rollout.policy_version != version:
+            continue
+        tokens, abs_sum, kl_sum, abs_max = host[8 + 4 * row : 12 + 4 * row].tolist()
+        b = index[slot.rollout.backend]
+        per_backend[b, _M_TOKENS] += tokens
+        per_backend[b, _M_ABS] += abs_sum
+        per_backend[b, _M_SEQS] += 1.0
+        per_backend[b, _M_KL] += kl_sum
+        maxima[1 + b] = max(float(maxima[1 + b]), abs_max)
+
+
+def _metrics(
+    plan: Plan,
+    sums: torch.Tensor,
+    per_backend: torch.Tensor,
+    maxima: torch.Tensor,
+    grad_norm: float,
+    config: StepConfig,
+    seconds: float,
+) -> StepMetrics:
+    tokens = float(sums[_TOKENS])
+    mismatch = {
+        name: BackendMismatch(
+            sequences=int(per_backend[b, _M_SEQS]),
+            tokens=int(per_backend[b, _M_TOKENS]),
+            mean_abs=float(per_backend[b, _M_ABS]) / float(per_backend[b, _M_TOKENS]),
+            max_abs=float(maxima[1 + b]),
+            kl_seq=float(per_backend[b, _M_KL]) / float(per_backend[b, _M_SEQS]),
+        )
+        for name, b in ((n, i) for i, n in enumerate(plan.backends))
+        if per_backend[b, _M_SEQS] > 0
+    }
+    return StepMetrics(
+        version=plan.version + 1,
+        loss=float(sums[_LOSS]),
+        kl=float(sums[_KL]) if config.kl_coef > 0 else None,
+        clip_fraction=float(sums[_CLIPPED]) / tokens,
+        truncated_fraction=float(sums[_TRUNCATED]) / tokens,
+        importance_weight_mean=float(sums[_RATIO]) / tokens,
+        importance_weight_max=float(maxima[0]),
+        reward_mean=plan.reward_mean,
+        grad_norm=grad_norm,
+        groups=plan.groups,
+        rollouts=int(sums[_ROLLOUTS]),
+        tokens=int(tokens),
+        dropped_groups=len(plan.dropped),
+        weighted_groups=plan.weighted_groups,
+        max_staleness=plan.max_staleness,
+        mismatch=mismatch,
+        seconds=seconds,
+    )

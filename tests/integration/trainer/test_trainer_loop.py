@@ -1,0 +1,111 @@
+"""The trainer loop against the real local snapshot store: publish, announce, checkpoint, resume.
+
+The coordinator here is a scripted stand-in (deterministic batches per version, recorded announcements),
+so that two runs can be compared bit for bit; test_trainer_e2e.py runs against the real coordinator.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from trainer_scripted import ScriptedCoordinator, make_job
+
+from echo_runtime import spec
+from echo_runtime.snapshots import open_store, payloads
+from echo_runtime.trainer import loop
+
+
+def _run(job: spec.ResolvedJob, coordinator: ScriptedCoordinator, **options: Any) -> loop.RunResult:
+    store = open_store(job.spec.storage, job.name, retention=job.sync_policy.retention)
+    return loop.run(job, coordinator=coordinator, store=store, options=loop.LoopOptions(**options))
+
+
+def _adapter(job: spec.ResolvedJob, version: int, cache: Path) -> dict[str, torch.Tensor]:
+    store = open_store(job.spec.storage, job.name)
+    return payloads.load_lora_adapter(store.fetch(version, cache)).tensors
+
+
+def test_every_step_publishes_the_next_version(tiny_model_dir: str, tmp_path: Path) -> None:
+    job = make_job(tmp_path, tiny_model_dir, interval=2, max_steps=3)
+    coordinator = ScriptedCoordinator()
+    result = _run(job, coordinator, metrics_path=tmp_path / "metrics.jsonl")
+    assert (result.start_version, result.version, len(result.steps)) == (0, 3, 3)
+    store = open_store(job.spec.storage, job.name)
+    assert store.versions() == [1, 2, 3]
+    assert store.checkpoints() == [2, 3]  # every 2 versions, and the last one
+    assert store.manifest(3).kind == "lora"
+    assert coordinator.asked == [0, 1, 2] and coordinator.announced == [0, 1, 2, 3]
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["policyVersion"] for r in records] == [1, 2, 3]
+    assert all(r["kind"] == "trainer" and r["stepSeconds"] > 0 and r["publishSeconds"] > 0 for r in records)
+    assert records[0]["logprobMismatch"]["transformers"]["sequences"] == 6
+    assert records[1]["checkpointSeconds"] > 0 and records[0]["checkpointSeconds"] == 0
+    assert records[2]["kl"] > 0
+
+
+def test_resume_after_a_clean_stop_is_exact(tiny_model_dir: str, tmp_path: Path) -> None:
+    """4 steps in one go == 2 steps, stop, resume, 2 more steps: the same version 4, bit for bit."""
+    straight = make_job(tmp_path / "a", tiny_model_dir, interval=3, max_steps=4)
+    _run(straight, ScriptedCoordinator())
+
+    split = make_job(tmp_path / "b", tiny_model_dir, interval=3, max_steps=4)
+    first = _run(split, ScriptedCoordinator(), max_steps=2)
+    coordinator = ScriptedCoordinator()
+    second = _run(split, coordinator, resume=True)
+    assert (first.version, second.start_version, second.version) == (2, 2, 4)
+    assert coordinator.asked == [2, 3] and coordinator.announced == [2, 3, 4]
+    store = open_store(split.spec.storage, split.name)
+    assert store.versions() == [1, 2, 3, 4] and store.checkpoints() == [3, 4]  # retention keeps 2
+    a, b = _adapter(straight, 4, tmp_path / "ca"), _adapter(split, 4, tmp_path / "cb")
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=0, atol=0)
+
+
+def test_resume_after_a_crash_continues_from_the_newest_published_version(
+    tiny_model_dir: str, tmp_path: Path
+) -> None:
+    job = make_job(tmp_path, tiny_model_dir, interval=2, max_steps=5)
+    with pytest.raises(ConnectionError, match="scripted crash"):
+        _run(job, ScriptedCoordinator(fail_at=3))
+    store = open_store(job.spec.storage, job.name)
+    # version 3 was published but not checkpointed
+    assert store.versions() == [1, 2, 3] and store.checkpoints() == [2]
+
+    coordinator = ScriptedCoordinator()
+    resumed = _run(job, coordinator, resume=True, max_steps=4)
+    # Version 3 is neither repeated nor skipped: training continues from its weights and publishes 4.
+    assert (resumed.start_version, resumed.version) == (3, 4)
+    assert coordinator.asked == [3] and coordinator.announced == [3, 4]
+    assert store.versions() == [1, 2, 3, 4]
+    assert store.checkpoints() == [2, 4]
+
+
+def test_an_existing_store_needs_resume(tiny_model_dir: str, tmp_path: Path) -> None:
+    job = make_job(tmp_path, tiny_model_dir, max_steps=1)
+    _run(job, ScriptedCoordinator())
+    with pytest.raises(loop.ResumeRefused, match="--resume"):
+        _run(job, ScriptedCoordinator())
+    done = _run(job, ScriptedCoordinator(), resume=True)  # already at maxSteps: nothing to do
+    assert (done.start_version, done.version, done.steps) == (1, 1, ())
+
+
+def test_groups_the_staleness_rule_refuses_are_never_trained_on(
+    tiny_model_dir: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Group 1 of every batch comes from 2 versions back: beyond Δmax = 1, so the trainer drops it.
+    job = make_job(tmp_path, tiny_model_dir, max_steps=3)
+    result = _run(job, ScriptedCoordinator(stale_by=2))
+    assert [m.dropped_groups for m in result.steps] == [0, 0, 1]  # at versions 0 and 1, 2 back is still 0
+    assert [m.rollouts for m in result.steps] == [6, 6, 3]
+    assert all(m.max_staleness is not None and m.max_staleness <= 1 for m in result.steps)
+    assert "dropping group t2-1 at version 2" in caplog.text
+
+    # With ImportanceWeight, a group one version behind is consumed with the decoupled surrogate.
+    weighted = make_job(tmp_path / "w", tiny_model_dir, max_steps=2, staleAction="ImportanceWeight")
+    steps = _run(weighted, ScriptedCoordinator(stale_by=1)).steps
+    assert [m.weighted_groups for m in steps] == [0, 1]
