@@ -9,7 +9,7 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")  # files only; never a window
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 
 def plot_run(records: Iterable[Mapping[str, Any]], out_dir: Path, title: str) -> list[Path]:
@@ -22,7 +22,9 @@ def plot_run(records: Iterable[Mapping[str, Any]], out_dir: Path, title: str) ->
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
     for ax, key, label in ((axes[0], "time", "wall-clock (s)"), (axes[1], "policyVersion", "policy version")):
         if status:
-            ax.plot([r[key] for r in status], [r["reward"] for r in status], label="training reward", alpha=0.7)
+            ax.plot(
+                [r[key] for r in status], [r["reward"] for r in status], label="training reward", alpha=0.7
+            )
         if evals:
             xs = [e.get("publishedAt", e["time"]) if key == "time" else e["policyVersion"] for e in evals]
             ax.plot(xs, [e["heldoutAccuracy"] for e in evals], marker="o", label="held-out accuracy")

@@ -51,6 +51,7 @@ class Processes:
         """Start ``argv`` as child ``name``; its stdout and stderr go to ``<log_dir>/<name>.log``."""
         if name in self.children and self.children[name].returncode is None:
             raise RuntimeError(f"a process named {name!r} is already running")
+        self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{name}.log"
         log_file = log_path.open("ab")
         full_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}

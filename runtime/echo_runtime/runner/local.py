@@ -1,0 +1,478 @@
+"""``echorl run``: one EchoJob as local processes — coordinator, workers, trainer and an evaluator.
+
+The embedded default (DESIGN.md). Layout of a run directory (``runs/<job>/`` by default)::
+
+    job.yaml        the manifest every process reads (a copy of the user's)
+    tokens.json     join tokens generated for this run (mode 0600)
+    run.json        when the run started, for --resume
+    metrics.jsonl   status samples, evaluations and optimizer steps (see metrics.py)
+    summary.json    computed from metrics.jsonl when the run ends (also after Ctrl-C)
+    curves.png, staleness.png
+    logs/           one log per process: coordinator, trainer, evaluator, <pool>-<i>
+    workers/        per-worker timing (load vs sample seconds)
+
+Promises: every child process is stopped when the run ends, fails or is interrupted; a run directory
+or a snapshot store that already holds a job's versions is never silently overwritten (``--resume``
+continues it, ``--fresh`` deletes it first); ``summary.json`` is written even after Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import socket
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from echo_runtime import spec
+from echo_runtime.runner import metrics, plots
+from echo_runtime.runner.procs import Child, Processes
+
+ECHORL = [sys.executable, "-m", "echo_runtime.cli"]
+
+
+class RunError(RuntimeError):
+    """The run cannot start or a process of it failed; the message says which and why."""
+
+
+@dataclasses.dataclass
+class RunOptions:
+    """How to run a job locally (the ``echorl run`` flags)."""
+
+    run_dir: Path | None = None
+    resume: bool = False
+    fresh: bool = False
+    max_steps: int | None = None
+    target_accuracy: float | None = None
+    progress: bool = True
+    cores: int | None = None
+    """CPU cores to divide among the processes (default: all of this machine's)."""
+    status_interval_s: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class CorePlan:
+    """How many threads each process gets; a documented, honest split of the machine."""
+
+    trainer: int
+    worker: int
+    evaluator: int
+
+
+def plan_cores(cores: int, workers: int) -> CorePlan:
+    """Split ``cores`` between one trainer and ``workers`` workers (the evaluator runs rarely: 1).
+
+    The trainer gets half (at least 1); workers share the rest (at least 1 each). On 2 cores: trainer 1,
+    each worker 1 — the two halves of the decoupled pipeline run side by side.
+    """
+    trainer = max(1, cores // 2)
+    worker = max(1, (cores - trainer) // max(1, workers))
+    return CorePlan(trainer=trainer, worker=worker, evaluator=1)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _thread_env(threads: int) -> dict[str, str]:
+    return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "ECHORL_THREADS": str(threads)}
+
+
+class LocalRun:
+    """The processes and files of one local run."""
+
+    def __init__(self, job_path: Path, options: RunOptions, echo: Callable[[str], None] = print) -> None:
+        self.source = job_path
+        self.options = options
+        self.echo = echo
+        self.job = spec.load_job(job_path)
+        self.dir = options.run_dir or Path("runs") / self.job.name
+        self.procs = Processes(self.dir / "logs")
+        self.max_steps = options.max_steps or self.job.spec.algorithm.max_steps
+        self.t0 = time.time()
+        self._offsets: dict[Path, int] = {}
+
+    # ------------------------------------------------------------------------------ preparation
+    def prepare(self) -> None:
+        from echo_runtime import snapshots
+
+        job = self.job
+        store = snapshots.open_store(job.spec.storage, job.name)
+        existing = store.latest_version()
+        has_run = (self.dir / "metrics.jsonl").exists()
+        if self.options.fresh:
+            if job.spec.storage.type != "Local" and existing is not None:
+                raise RunError(
+                    f"--fresh: the S3 store already holds versions of job {job.name!r} (latest {existing}); "
+                    "versions are never overwritten: delete them with `echorl snapshots gc` or rename the job"
+                )
+            shutil.rmtree(self.dir, ignore_errors=True)
+            if job.spec.storage.type == "Local":
+                shutil.rmtree(
+                    Path(job.spec.storage.path) / job.spec.storage.prefix / job.name, ignore_errors=True
+                )
+            existing, has_run = None, False
+        if not self.options.resume and (existing is not None or has_run):
+            what = (
+                f"the snapshot store holds versions up to {existing}" if existing is not None else "it exists"
+            )
+            raise RunError(
+                f"run {job.name!r} was started before ({what}; run dir {self.dir}): "
+                "pass --resume to continue it or --fresh to start over"
+            )
+        self.dir.mkdir(parents=True, exist_ok=True)
+        run_info = self.dir / "run.json"
+        if self.options.resume and run_info.exists():
+            # Continue the wall-clock where the previous attempt stopped, so curves stay comparable.
+            previous = metrics.read_records(self.dir / "metrics.jsonl")
+            elapsed = max((float(r.get("time", 0.0)) for r in previous), default=0.0)
+            self.t0 = time.time() - elapsed
+        run_info.write_text(json.dumps({"job": job.name, "t0": self.t0, "source": str(self.source)}))
+        shutil.copyfile(self.source, self.dir / "job.yaml")
+        from echo_runtime.coordinator import auth
+
+        tokens = auth.generate(name for name, _ in job.inference_pools)
+        token_file = self.dir / "tokens.json"
+        token_file.write_text(json.dumps(tokens))
+        token_file.chmod(0o600)
+        self.tokens = tokens
+
+    def resolve_model(self) -> str:
+        """Build (and warm up) a built-in model before any process needs it, with visible progress."""
+        from echo_runtime.models import load as model_load
+
+        model = self.job.spec.model
+        self.echo(
+            f"model: {model.path}" + (f" (warm-up {model.warmup_steps} steps)" if model.warmup_steps else "")
+        )
+        return model_load.resolve_spec(model, self.job.spec.task)
+
+    # ------------------------------------------------------------------------------ processes
+    def start(self) -> None:
+        job_file = str(self.dir / "job.yaml")
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.procs.start(
+            "coordinator",
+            [
+                *ECHORL,
+                "coordinator",
+                "--job",
+                job_file,
+                "--port",
+                str(port),
+                "--tokens-file",
+                str(self.dir / "tokens.json"),
+                "--heartbeat-interval",
+                "1",
+                "--lease-timeout",
+                "15",
+            ],
+            env=_thread_env(1),
+        )
+        self._wait_healthy()
+        pools = [(name, pool) for name, pool in self.job.inference_pools if not pool.external]
+        n_workers = sum(p.replicas if p.replicas is not None else 1 for _, p in pools)
+        cores = self.options.cores or os.cpu_count() or 1
+        plan = plan_cores(cores, n_workers)
+        self.plan = plan
+        self.echo(
+            f"processes: coordinator, trainer ({plan.trainer} thread(s)), {n_workers} worker(s) "
+            f"({plan.worker} thread(s) each), evaluator on {cores} core(s); logs in {self.dir / 'logs'}"
+        )
+        (self.dir / "workers").mkdir(exist_ok=True)
+        for name, pool in self.job.inference_pools:
+            if pool.external:
+                token = self.tokens["pools"][name]
+                self.echo(
+                    f"pool {name!r} is external; join it from another machine with:\n"
+                    f"  echorl worker --coordinator {self.url} --token {token} --pool {name} "
+                    f"--backend {pool.backend} --job job.yaml"
+                )
+                continue
+            for i in range(pool.replicas if pool.replicas is not None else 1):
+                threads = pool.threads or plan.worker
+                self.procs.start(
+                    f"{name}-{i}",
+                    [
+                        *ECHORL,
+                        "worker",
+                        "--coordinator",
+                        self.url,
+                        "--pool",
+                        name,
+                        "--backend",
+                        pool.backend,
+                        "--job",
+                        job_file,
+                        "--device",
+                        pool.device,
+                        "--threads",
+                        str(threads),
+                        "--capacity",
+                        str(pool.capacity),
+                        "--metrics",
+                        str(self.dir / "workers" / f"{name}-{i}.jsonl"),
+                        "--cache-dir",
+                        str(self.dir / "cache" / f"{name}-{i}"),
+                    ],
+                    env={**_thread_env(threads), "ECHORL_TOKEN": self.tokens["pools"][name]},
+                )
+        self.procs.start(
+            "evaluator",
+            [
+                sys.executable,
+                "-m",
+                "echo_runtime.runner.evaluator",
+                "--job",
+                job_file,
+                "--out",
+                str(self.dir / "eval.jsonl"),
+                "--t0",
+                repr(self.t0),
+                "--final",
+                str(self.max_steps),
+                "--cache-dir",
+                str(self.dir / "cache" / "evaluator"),
+            ],
+            env=_thread_env(plan.evaluator),
+        )
+        swarm = self.job.training_swarm
+        trainer_threads = swarm.threads or plan.trainer
+        trainer_args = [
+            "trainer",
+            "--job",
+            job_file,
+            "--coordinator",
+            self.url,
+            "--metrics-file",
+            str(self.dir / "trainer.jsonl"),
+            "--max-steps",
+            str(self.max_steps),
+            "--cache-dir",
+            str(self.dir / "cache" / "trainer"),
+        ] + (["--resume"] if self.options.resume else [])
+        if swarm.processes_per_node * swarm.nodes > 1:
+            argv = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc-per-node={swarm.processes_per_node}",
+                "-m",
+                "echo_runtime.cli",
+                *trainer_args,
+            ]
+        else:
+            argv = [*ECHORL, *trainer_args]
+        self.procs.start(
+            "trainer",
+            argv,
+            env={**_thread_env(trainer_threads), "ECHORL_TRAINER_TOKEN": self.tokens["trainer"]},
+        )
+
+    def _wait_healthy(self, timeout_s: float = 120.0) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        child = self.procs.children["coordinator"]
+        while time.monotonic() < deadline:
+            if child.returncode is not None:
+                raise RunError(f"the coordinator exited with code {child.returncode}:\n{child.log_tail()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/healthz", timeout=2.0).status_code == 200:
+                    return
+            time.sleep(0.2)
+        raise RunError(f"the coordinator did not become healthy in {timeout_s:.0f}s:\n{child.log_tail()}")
+
+    # ------------------------------------------------------------------------------ monitoring
+    def _tail(self, path: Path) -> list[dict[str, Any]]:
+        """New complete JSON lines of ``path`` since the last call."""
+        if not path.exists():
+            return []
+        with path.open("rb") as f:
+            f.seek(self._offsets.get(path, 0))
+            data = f.read()
+        end = data.rfind(b"\n") + 1
+        self._offsets[path] = self._offsets.get(path, 0) + end
+        out = []
+        for line in data[:end].splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                out.append(json.loads(line))
+        return out
+
+    def monitor(self) -> int:
+        """Follow the run until the trainer finishes; return the trainer's exit code."""
+        from echo_runtime.coordinator import client as coord
+
+        log = metrics.MetricsLog(self.dir / "metrics.jsonl")
+        status_client = coord.TrainerClient(
+            self.url, self.tokens["trainer"], timeout=5.0, retry=coord.RetryPolicy(attempts=2, deadline=5.0)
+        )
+        bar = _progress_bar(self.max_steps, enabled=self.options.progress)
+        accuracy: float | None = None
+        trainer = self.procs.children["trainer"]
+        restarts: dict[str, int] = {}
+        try:
+            while True:
+                now = time.time() - self.t0
+                with contextlib.suppress(coord.CoordinatorError):
+                    doc = status_client.status().model_dump(by_alias=True, mode="json")
+                    log.write({"kind": "status", "time": now, **doc})
+                    bar.update_to(doc["policyVersion"], doc, accuracy)
+                for record in self._tail(self.dir / "eval.jsonl"):
+                    log.write(record)
+                    accuracy = record["heldoutAccuracy"]
+                for record in self._tail(self.dir / "trainer.jsonl"):
+                    stamped = float(record.get("unixTime", self.t0 + now)) - self.t0
+                    log.write({**record, "kind": "trainer", "time": stamped})
+                if trainer.returncode is not None:
+                    return trainer.returncode
+                for child in self.procs.exited():
+                    self._on_exit(child, restarts)
+                time.sleep(self.options.status_interval_s)
+        finally:
+            bar.close()
+            status_client.close()
+            log.close()
+
+    def _on_exit(self, child: Child, restarts: dict[str, int]) -> None:
+        if child.name == "coordinator":
+            raise RunError(f"the coordinator exited with code {child.returncode}:\n{child.log_tail()}")
+        if child.name == "evaluator":
+            if child.returncode != 0:
+                raise RunError(f"the evaluator exited with code {child.returncode}:\n{child.log_tail()}")
+            return
+        if child.name != "trainer":  # a worker: restart it, a few times
+            count = restarts.get(child.name, 0)
+            if count >= 3:
+                raise RunError(
+                    f"worker {child.name} keeps exiting (code {child.returncode}):\n{child.log_tail()}"
+                )
+            restarts[child.name] = count + 1
+            self.echo(f"worker {child.name} exited with code {child.returncode}; restarting it")
+            self.procs.start(
+                child.name,
+                child.argv,
+                env={
+                    k: v
+                    for k, v in os.environ.items()
+                    if k.startswith("ECHORL_") or k.endswith("_NUM_THREADS")
+                }
+                | _worker_token_env(self.tokens, child.name, self.job),
+            )
+
+    def finish(self, evaluator_timeout_s: float = 600.0) -> dict[str, Any]:
+        """Wait for the final evaluation, stop everything, write summary.json and the plots."""
+        evaluator = self.procs.children.get("evaluator")
+        if evaluator is not None and evaluator.returncode is None:
+            with contextlib.suppress(Exception):
+                evaluator.proc.wait(timeout=evaluator_timeout_s)
+        workers = [n for n in self.procs.children if n not in ("coordinator", "trainer", "evaluator")]
+        self.procs.stop_all(grace_s=15.0, order=workers)
+        return self.write_summary()
+
+    def write_summary(self) -> dict[str, Any]:
+        log = metrics.MetricsLog(self.dir / "metrics.jsonl")
+        for record in self._tail(self.dir / "eval.jsonl"):
+            log.write(record)
+        log.close()
+        records = metrics.read_records(self.dir / "metrics.jsonl")
+        summary = metrics.summarise(records, self.options.target_accuracy)
+        summary["job"] = self.job.name
+        summary["mode"] = self.job.sync_policy.mode
+        summary["maxStalenessSetting"] = self.job.sync_policy.max_staleness
+        summary["workerTiming"] = _worker_timing(self.dir / "workers")
+        (self.dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+        with contextlib.suppress(Exception):  # plots are a convenience; never lose the summary to them
+            plots.plot_run(records, self.dir, self.job.name)
+        return summary
+
+
+def _worker_token_env(tokens: dict[str, Any], child_name: str, job: spec.ResolvedJob) -> dict[str, str]:
+    pool = child_name.rsplit("-", 1)[0]
+    return {"ECHORL_TOKEN": tokens["pools"][pool]}
+
+
+def _worker_timing(directory: Path) -> dict[str, Any]:
+    """Per-worker load / sample / wall seconds from the workers' timing files (last record each)."""
+    out: dict[str, Any] = {}
+    for path in sorted(directory.glob("*.jsonl")):
+        records = metrics.read_records(path)
+        if records:
+            last = records[-1]
+            wall = float(last.get("time", 0.0)) or None
+            out[path.stem] = {
+                "wallSeconds": wall,
+                "loadSeconds": last.get("loadSeconds"),
+                "sampleSeconds": last.get("sampleSeconds"),
+                "rollouts": last.get("rollouts"),
+                "loadFraction": (float(last.get("loadSeconds", 0.0)) / wall) if wall else None,
+            }
+    return out
+
+
+class _Bar:
+    def __init__(self, total: int, enabled: bool) -> None:
+        from tqdm import tqdm
+
+        self._bar = tqdm(
+            total=total, unit="step", dynamic_ncols=True, disable=not enabled, desc="policy version"
+        )
+        self._n = 0
+
+    def update_to(self, version: int, doc: dict[str, Any], accuracy: float | None) -> None:
+        if version > self._n:
+            self._bar.update(version - self._n)
+            self._n = version
+        reward = doc.get("reward")
+        self._bar.set_postfix(
+            reward="-" if reward is None else f"{reward:.2f}",
+            heldout="-" if accuracy is None else f"{accuracy:.2f}",
+            rps=f"{doc.get('rolloutsPerSecond', 0.0):.1f}",
+            stale=f"{doc.get('maxObservedStaleness')}/{doc.get('maxStaleness')}",
+            dropped=doc.get("droppedStale", 0),
+            refresh=False,
+        )
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+def _progress_bar(total: int, enabled: bool) -> _Bar:
+    return _Bar(total, enabled)
+
+
+def run(job_path: Path, options: RunOptions, echo: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run the job to completion (or Ctrl-C); return its summary."""
+    local = LocalRun(job_path, options, echo)
+    local.prepare()
+    local.resolve_model()
+    interrupted = False
+    try:
+        local.start()
+        code = local.monitor()
+        if code != 0:
+            raise RunError(
+                f"the trainer exited with code {code}:\n{local.procs.children['trainer'].log_tail()}"
+            )
+        summary = local.finish()
+    except KeyboardInterrupt:
+        interrupted = True
+        echo("interrupted: stopping every process (resume with --resume)")
+        raise
+    finally:
+        local.procs.stop_all(grace_s=10.0)
+        if interrupted or not (local.dir / "summary.json").exists():
+            with contextlib.suppress(Exception):
+                local.write_summary()
+    return summary

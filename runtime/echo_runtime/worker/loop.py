@@ -1,0 +1,229 @@
+"""The worker loop: keep the backend at a permitted policy version, lease, sample, submit.
+
+Promises:
+
+* Every rollout carries the policy version the backend *actually* held while sampling it, and the
+  worker never samples a task with a loaded version below the task's ``minVersion``.
+* A version is loaded only through the snapshot store's verified fetch (checksums checked), and is
+  pinned in the store while in use so retention never deletes it from under a reader.
+* On SIGTERM (:meth:`Worker.stop`) the worker finishes the group in hand, submits it, leaves the swarm
+  (its other leases return to the queue at once) and exits 0.
+* A coordinator restart costs at most the groups in flight: the client re-registers and retries.
+
+Timing (load vs. sample vs. wall-clock) is written as JSON lines to ``metrics_path`` if given, so the
+overhead of loading versions can be measured.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from echo_runtime.backends import base as backend_base
+from echo_runtime.coordinator import client as coord
+from echo_runtime.coordinator import wire
+from echo_runtime.snapshots import SnapshotStore
+
+log = logging.getLogger("echorl.worker")
+
+PIN_TTL_S = 600.0
+
+
+class Worker:
+    """One worker process's state: a backend, a coordinator client, a snapshot store."""
+
+    def __init__(
+        self,
+        backend: backend_base.Backend,
+        client: coord.WorkerClient,
+        store: SnapshotStore,
+        cache_dir: Path,
+        *,
+        capacity: int = 1,
+        metrics_path: Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.backend = backend
+        self.client = client
+        self.store = store
+        self.cache_dir = cache_dir
+        self.capacity = capacity
+        self._clock = clock
+        self._stop = threading.Event()
+        self._wanted = 0
+        """The newest version the coordinator told us to load (monotone)."""
+        self._announced = 0
+        """The newest ``t_train`` the coordinator reported: the newest version it knows is published."""
+        self._lock = threading.Lock()
+        self._metrics: IO[str] | None = metrics_path.open("a") if metrics_path else None
+        self.started = clock()
+        self.load_seconds = 0.0
+        self.sample_seconds = 0.0
+        self.rollouts = 0
+        self.groups = 0
+        self.loads = 0
+
+    # ---------------------------------------------------------------------------------- versions
+    @property
+    def loaded_version(self) -> int:
+        """The policy version the backend holds; the base model is version 0."""
+        return self.backend.loaded_version or 0
+
+    def _instructions(self, reply: wire.Instructions) -> None:
+        with self._lock:
+            self._announced = max(self._announced, reply.policy_version)
+            if reply.load_version is not None:
+                self._wanted = max(self._wanted, reply.load_version)
+
+    def ensure_version(self, at_least: int) -> None:
+        """Load the newest published version if the loaded one is older than ``at_least``."""
+        with self._lock:
+            wanted = max(self._wanted, at_least)
+            # Load the newest version the coordinator has *announced*, never one merely published:
+            # a rollout tagged with a version the coordinator has not heard of would be rejected.
+            target = max(wanted, self._announced)
+        if self.loaded_version >= wanted:
+            return
+        published = self.store.latest_version()
+        if published is None or published < wanted:
+            # The coordinator only asks for announced (hence published) versions; a store that lags
+            # (eventual listing) is retried by the caller's next lease.
+            raise VersionNotYetVisible(wanted, published)
+        latest = min(target, published)
+        started = self._clock()
+        path = self.store.fetch(latest, self.cache_dir, keep_cached=3)
+        kind = self.store.manifest(latest).kind
+        with contextlib.suppress(Exception):  # a pin is a courtesy to retention, never a reason to stop
+            self.store.pin(latest, self._reader_id(), PIN_TTL_S)
+        previous = self.loaded_version
+        self.backend.apply_snapshot(latest, path, kind)
+        seconds = self._clock() - started
+        self.load_seconds += seconds
+        self.loads += 1
+        log.info("loaded policy version %d (%s) in %.2fs", latest, kind, seconds)
+        self._emit({"event": "load", "version": latest, "seconds": seconds})
+        if previous:
+            with contextlib.suppress(Exception):
+                self.store.unpin(previous, self._reader_id())
+
+    def _reader_id(self) -> str:
+        return f"worker-{self.client.worker_id or 'unregistered'}"
+
+    # ---------------------------------------------------------------------------------- main loop
+    def stop(self) -> None:
+        """Ask the loop to finish the group in hand and exit."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def run(self, max_groups: int | None = None) -> None:
+        """Serve until :meth:`stop` (or ``max_groups`` groups submitted)."""
+        reply = self.client.register()
+        self._instructions(reply)
+        beats = threading.Thread(
+            target=self._heartbeats,
+            name="heartbeats",
+            daemon=True,
+        )
+        beats.start()
+        try:
+            while not self._stop.is_set() and (max_groups is None or self.groups < max_groups):
+                self._one_round()
+        finally:
+            self._stop.set()
+            with contextlib.suppress(coord.CoordinatorError):
+                self.client.leave()
+            self._emit({"event": "exit"})
+            if self._metrics:
+                self._metrics.close()
+
+    def _heartbeats(self) -> None:
+        try:
+            self.client.run_heartbeats(self._stop, lambda: self.loaded_version, self._instructions)
+        except coord.Unauthorized as exc:
+            log.error("the coordinator rejected this worker's token: %s", exc)
+            self._stop.set()
+
+    def _one_round(self) -> None:
+        try:
+            self.ensure_version(0)
+        except VersionNotYetVisible as exc:
+            log.info("%s; retrying", exc)
+            self._stop.wait(0.5)
+            return
+        lease = self.client.lease(self.capacity)
+        self._instructions(lease)
+        if not lease.tasks:
+            self._stop.wait(min(5.0, lease.retry_after_seconds or 0.2))
+            return
+        need = max(t.min_version for t in lease.tasks)
+        try:
+            self.ensure_version(need)
+        except VersionNotYetVisible as exc:
+            log.info("%s; returning to the loop (leases expire or are re-leased)", exc)
+            self._stop.wait(0.5)
+            return
+        self._sample_and_submit(lease.tasks)
+
+    def _sample_and_submit(self, tasks: list[wire.TaskOut]) -> None:
+        # Tasks of one lease share sampling settings and group size (one job); batch them together.
+        first = tasks[0]
+        params = backend_base.SamplingParams(
+            temperature=first.sampling.temperature,
+            top_p=first.sampling.top_p,
+            max_new_tokens=first.sampling.max_new_tokens,
+        )
+        version = self.loaded_version
+        started = self._clock()
+        groups = self.backend.sample([t.prompt for t in tasks], first.group_size, params)
+        seconds = self._clock() - started
+        self.sample_seconds += seconds
+        for task, samples in zip(tasks, groups, strict=True):
+            rollouts = [
+                wire.RolloutIn(
+                    completion=s.text,
+                    token_ids=list(s.completion_ids),
+                    logprobs=[min(0.0, lp) for lp in s.logprobs],
+                    policy_version=version,
+                    finish_reason=s.finish_reason,
+                )
+                for s in samples
+            ]
+            try:
+                reply = self.client.submit(task.task_id, rollouts)
+            except coord.LeaseLost as exc:
+                log.warning("task %s: lease lost (%s); the group is discarded", task.task_id, exc.message)
+                continue
+            self.groups += 1
+            self.rollouts += len(rollouts)
+            log.debug("task %s: %s, rewards %s", task.task_id, reply.outcome, reply.rewards)
+        self._emit({"event": "sample", "groups": len(tasks), "seconds": seconds, "version": version})
+
+    def _emit(self, record: dict[str, Any]) -> None:
+        if self._metrics is None:
+            return
+        record = {
+            **record,
+            "time": self._clock() - self.started,
+            "loadSeconds": self.load_seconds,
+            "sampleSeconds": self.sample_seconds,
+            "rollouts": self.rollouts,
+            "backend": self.backend.name,
+        }
+        self._metrics.write(json.dumps(record) + "\n")
+        self._metrics.flush()
+
+
+class VersionNotYetVisible(RuntimeError):
+    """The coordinator asked for a version the store does not list yet."""
+
+    def __init__(self, wanted: int, latest: int | None) -> None:
+        super().__init__(f"policy version {wanted} is not in the snapshot store yet (latest: {latest})")
