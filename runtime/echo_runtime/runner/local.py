@@ -99,6 +99,7 @@ class LocalRun:
         self.procs = Processes(self.dir / "logs")
         self.max_steps = options.max_steps or self.job.spec.algorithm.max_steps
         self.t0 = time.time()
+        self.elapsed_before = 0.0
         self._offsets: dict[Path, int] = {}
 
     # ------------------------------------------------------------------------------ preparation
@@ -130,13 +131,10 @@ class LocalRun:
                 "pass --resume to continue it or --fresh to start over"
             )
         self.dir.mkdir(parents=True, exist_ok=True)
-        run_info = self.dir / "run.json"
-        if self.options.resume and run_info.exists():
+        if self.options.resume:
             # Continue the wall-clock where the previous attempt stopped, so curves stay comparable.
             previous = metrics.read_records(self.dir / "metrics.jsonl")
-            elapsed = max((float(r.get("time", 0.0)) for r in previous), default=0.0)
-            self.t0 = time.time() - elapsed
-        run_info.write_text(json.dumps({"job": job.name, "t0": self.t0, "source": str(self.source)}))
+            self.elapsed_before = max((float(r.get("time", 0.0)) for r in previous), default=0.0)
         shutil.copyfile(self.source, self.dir / "job.yaml")
         from echo_runtime.coordinator import auth
 
@@ -158,6 +156,12 @@ class LocalRun:
 
     # ------------------------------------------------------------------------------ processes
     def start(self) -> None:
+        # The run's clock starts with its processes: building or warming up the model is set-up, not
+        # training time (resumed runs continue from where the previous attempt stopped).
+        self.t0 = time.time() - self.elapsed_before
+        (self.dir / "run.json").write_text(
+            json.dumps({"job": self.job.name, "t0": self.t0, "source": str(self.source)})
+        )
         job_file = str(self.dir / "job.yaml")
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
@@ -455,6 +459,10 @@ def _progress_bar(total: int, enabled: bool) -> _Bar:
 def run(job_path: Path, options: RunOptions, echo: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the job to completion (or Ctrl-C); return its summary."""
     local = LocalRun(job_path, options, echo)
+    if local.job.sync_policy.mode == "Colocated":  # one process samples and trains: see colocated.py
+        from echo_runtime.runner import colocated
+
+        local = colocated.ColocatedRun(job_path, options, echo)
     local.prepare()
     local.resolve_model()
     interrupted = False

@@ -132,15 +132,30 @@ class SyncPolicySpec(SpecModel):
             ),
             (
                 "self.mode == 'Async' || !has(self.bufferSize)",
-                "bufferSize is only allowed in Async mode (Sequential has no replay buffer)",
+                "bufferSize is only allowed in Async mode (Sequential and Colocated have no replay buffer)",
                 ".bufferSize",
+            ),
+            (
+                "self.mode != 'Colocated'",
+                "mode Colocated is local-only (`echorl run`): it has no coordinator or workers to reconcile; "
+                "in a cluster use Sequential with maxStaleness 0 for on-policy training",
+                ".mode",
+            ),
+            (
+                "self.mode != 'Colocated' || self.refreshThreshold == 0",
+                "refreshThreshold must be 0 in Colocated mode: one process samples with the weights it trains",
+                ".refreshThreshold",
             ),
         )
     )
 
-    mode: Literal["Sequential", "Async"] = "Async"
+    mode: Literal["Sequential", "Async", "Colocated"] = "Async"
     """``Sequential``: the trainer asks for a batch at version t and workers load t first.
-    ``Async``: workers generate continuously into a replay buffer; the trainer pulls at its pace."""
+    ``Async``: workers generate continuously into a replay buffer; the trainer pulls at its pace.
+    ``Colocated``: the baseline without a swarm (verl's default arrangement): one process holds one
+    model and alternates sampling a batch and training on it — no coordinator, no workers, and every
+    consumed rollout has staleness 0. Local-only (``echorl run``): a CEL rule refuses it in a cluster.
+    ``bufferSize`` and a non-zero ``refreshThreshold`` are forbidden, as in Sequential."""
     max_staleness: int = Field(default=1, ge=0, le=1024)
     """Δmax: no optimizer step consumes a rollout with staleness (t − policy version) above this."""
     stale_action: Literal["Drop", "ImportanceWeight"] = "Drop"
@@ -160,6 +175,11 @@ class SyncPolicySpec(SpecModel):
             raise ValueError(
                 f"refreshThreshold: must be ≤ maxStaleness ({self.max_staleness}), got {self.refresh_threshold}"
             )
-        if self.mode == "Sequential" and self.buffer_size is not None:
-            raise ValueError("bufferSize: only allowed in Async mode (Sequential has no replay buffer)")
+        if self.mode != "Async" and self.buffer_size is not None:
+            raise ValueError(f"bufferSize: only allowed in Async mode ({self.mode} has no replay buffer)")
+        if self.mode == "Colocated" and self.refresh_threshold != 0:
+            raise ValueError(
+                "refreshThreshold: must be 0 in Colocated mode (one process samples with the weights it "
+                f"trains), got {self.refresh_threshold}"
+            )
         return self

@@ -1,0 +1,315 @@
+"""``echorl bench sync``, the pure part: per-run measures, confidence intervals over seeds, the table.
+
+Inputs are finished ``echorl run`` directories (``summary.json`` + ``metrics.jsonl``); nothing here
+runs a process or draws a plot, so the same runs always give the same ``results.json``.
+
+Definitions (one per measure, used by the table, the JSON and the plots):
+
+* **training wall-clock**: seconds from the run's start (before any model is loaded: process start-up
+  counts) to the last optimizer step. The final evaluation after it is not training time.
+* **time-to-target**: wall-clock at which the first policy version whose held-out accuracy reaches the
+  target was *published* (evaluation lag excluded), and that version (= optimizer steps). A seed that
+  never reaches it is counted in ``reached`` and left out of the mean: a censored value, flagged.
+* **trainer busy fraction**: Σ ``stepSeconds`` (forward/backward/AdamW) / training wall-clock.
+* **rollouts/s**: rollouts consumed by optimizer steps / training wall-clock.
+* **snapshot load overhead**: Σ workers' snapshot-load seconds / Σ workers' wall seconds (0 for
+  Colocated: it samples with the weights it trains).
+* **staleness consumed**: the coordinator's histogram of consumed groups by staleness; its mean.
+* **95% CI** across seeds: Student-t interval ``mean ± t₀.₉₇₅,n−1 · s/√n`` (n ≥ 2), and a seeded
+  percentile bootstrap of the mean (reported too; with 3 seeds it is narrow and should be read with
+  the t-interval). **Speedup** of a configuration: Colocated's mean over its mean for time-to-target
+  (higher is faster), its mean over Colocated's for rollouts/s; CI by bootstrap of the ratio of means.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+BASELINE = "Colocated"
+BOOTSTRAP_RESAMPLES = 2000
+
+# Two-sided 95% Student-t quantiles t_{0.975, df}, df = 1..30 (standard tables).
+_T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+Z975 = 1.959963984540054
+
+SCALARS = (
+    "timeToTargetSeconds",
+    "stepsToTarget",
+    "finalHeldoutAccuracy",
+    "trainerBusyFraction",
+    "rolloutsPerSecond",
+    "snapshotLoadFraction",
+    "droppedGroups",
+    "weightedGroups",
+    "meanStaleness",
+    "trainingSeconds",
+)
+
+
+def t_quantile(df: int) -> float:
+    """``t_{0.975, df}``: the table for df ≤ 30, a Cornish-Fisher expansion (error < 1e-3) above."""
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be ≥ 1, got {df}")
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z = Z975
+    return (
+        z
+        + (z**3 + z) / (4 * df)
+        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3)
+    )
+
+
+def t_interval(values: Sequence[float]) -> tuple[float, float] | None:
+    """The 95% Student-t interval of the mean; None with fewer than 2 values."""
+    if len(values) < 2:
+        return None
+    x = np.asarray(values, dtype=np.float64)
+    half = t_quantile(len(x) - 1) * float(x.std(ddof=1)) / math.sqrt(len(x))
+    mean = float(x.mean())
+    return mean - half, mean + half
+
+
+def bootstrap_interval(
+    values: Sequence[float], *, seed: int = 0, resamples: int = BOOTSTRAP_RESAMPLES
+) -> tuple[float, float] | None:
+    """The 95% percentile-bootstrap interval of the mean (seeded); None with fewer than 2 values."""
+    if len(values) < 2:
+        return None
+    x = np.asarray(values, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, len(x), size=(resamples, len(x)))].mean(axis=1)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return float(low), float(high)
+
+
+def ratio_interval(
+    numerator: Sequence[float], denominator: Sequence[float], *, seed: int = 0
+) -> tuple[float, tuple[float, float] | None] | None:
+    """``mean(numerator) / mean(denominator)`` and its 95% bootstrap interval (independent resamples)."""
+    if not numerator or not denominator or float(np.mean(denominator)) == 0.0:
+        return None
+    a, b = np.asarray(numerator, dtype=np.float64), np.asarray(denominator, dtype=np.float64)
+    ratio = float(a.mean() / b.mean())
+    if len(a) < 2 or len(b) < 2:
+        return ratio, None
+    rng = np.random.default_rng(seed)
+    ra = a[rng.integers(0, len(a), size=(BOOTSTRAP_RESAMPLES, len(a)))].mean(axis=1)
+    rb = b[rng.integers(0, len(b), size=(BOOTSTRAP_RESAMPLES, len(b)))].mean(axis=1)
+    ok = rb != 0
+    low, high = np.percentile(ra[ok] / rb[ok], [2.5, 97.5])
+    return ratio, (float(low), float(high))
+
+
+def describe(values: Iterable[float | None], *, seed: int = 0) -> dict[str, Any]:
+    """Mean, sample standard deviation, t and bootstrap 95% intervals of the non-missing values."""
+    present = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    return {
+        "n": len(present),
+        "values": present,
+        "mean": float(np.mean(present)) if present else None,
+        "std": float(np.std(present, ddof=1)) if len(present) > 1 else None,
+        "ci95": t_interval(present),
+        "bootstrap95": bootstrap_interval(present, seed=seed),
+    }
+
+
+# --------------------------------------------------------------------------------------------- runs
+def run_measures(
+    summary: Mapping[str, Any], records: Sequence[Mapping[str, Any]], target: float | None
+) -> dict[str, Any]:
+    """The measures of one run (module docstring) from its ``summary.json`` and ``metrics.jsonl``."""
+    steps = [r for r in records if r.get("kind") == "trainer"]
+    training = max((float(r.get("time", 0.0)) for r in steps), default=0.0)
+    busy = sum(float(r.get("stepSeconds", 0.0)) for r in steps)
+    consumed = sum(int(r.get("rollouts", 0)) for r in steps)
+    timing = summary.get("workerTiming") or {}
+    load = sum(float(w.get("loadSeconds") or 0.0) for w in timing.values())
+    wall = sum(float(w.get("wallSeconds") or 0.0) for w in timing.values())
+    histogram = {str(k): int(v) for k, v in (summary.get("stalenessHistogram") or {}).items()}
+    groups = sum(histogram.values())
+    evaluations = [
+        {"policyVersion": int(e["policyVersion"]), "heldoutAccuracy": float(e["heldoutAccuracy"]),
+         "publishedAt": float(e.get("publishedAt") or 0.0)}
+        for e in summary.get("evaluations", [])
+    ]  # fmt: skip
+    seconds, version = _time_to_target(evaluations, target)
+    return {
+        "policyVersion": summary.get("policyVersion"),
+        "trainingSeconds": training,
+        "timeToTargetSeconds": seconds,
+        "stepsToTarget": version,
+        "reachedTarget": seconds is not None,
+        "initialHeldoutAccuracy": summary.get("initialHeldoutAccuracy"),
+        "finalHeldoutAccuracy": summary.get("finalHeldoutAccuracy"),
+        "trainerBusyFraction": busy / training if training > 0 else None,
+        "rolloutsPerSecond": consumed / training if training > 0 else None,
+        "consumedRollouts": consumed,
+        "snapshotLoadSeconds": load,
+        "snapshotLoadFraction": load / wall if wall > 0 else 0.0,
+        "droppedGroups": int(summary.get("droppedStale") or 0),
+        "weightedGroups": int(summary.get("weightedStale") or 0),
+        "stalenessHistogram": histogram,
+        "meanStaleness": sum(int(k) * v for k, v in histogram.items()) / groups if groups else None,
+        "maxObservedStaleness": summary.get("maxObservedStaleness"),
+        "evaluations": evaluations,
+    }
+
+
+def _time_to_target(
+    evaluations: Sequence[Mapping[str, Any]], target: float | None
+) -> tuple[float | None, int | None]:
+    if target is None:
+        return None, None
+    for e in sorted(evaluations, key=lambda e: e["policyVersion"]):
+        if e["heldoutAccuracy"] >= target:
+            return float(e["publishedAt"]), int(e["policyVersion"])
+    return None, None
+
+
+# ---------------------------------------------------------------------------------------- aggregate
+def accuracy_band(
+    curves: Sequence[Sequence[Mapping[str, Any]]], points: int = 60
+) -> dict[str, list[float | None]]:
+    """Mean held-out accuracy vs wall-clock across seeds with a 95% t band, on a common time grid.
+
+    Each seed's accuracy at time x is that of the newest version published by x (a step function).
+    The grid ends at the earliest last evaluation, so every point averages every seed.
+    """
+    usable = [sorted(c, key=lambda e: e["publishedAt"]) for c in curves if c]
+    if not usable:
+        return {"time": [], "mean": [], "low": [], "high": []}
+    end = min(c[-1]["publishedAt"] for c in usable)
+    grid = np.linspace(0.0, end, points) if end > 0 else np.array([0.0])
+    mean: list[float | None] = []
+    low: list[float | None] = []
+    high: list[float | None] = []
+    for x in grid:
+        ys = [next((e["heldoutAccuracy"] for e in reversed(c) if e["publishedAt"] <= x), c[0]["heldoutAccuracy"])
+              for c in usable]  # fmt: skip
+        mean.append(float(np.mean(ys)))
+        ci = t_interval(ys)
+        low.append(ci[0] if ci else None)
+        high.append(ci[1] if ci else None)
+    return {"time": [float(x) for x in grid], "mean": mean, "low": low, "high": high}
+
+
+def aggregate(runs: Mapping[str, Sequence[Mapping[str, Any]]], target: float | None) -> dict[str, Any]:
+    """Per configuration: every scalar described across seeds, the summed staleness histogram, the
+    accuracy band, and speedups relative to Colocated (when it is in the grid)."""
+    configs: dict[str, Any] = {}
+    for offset, (name, measures) in enumerate(runs.items()):
+        histogram: dict[str, int] = {}
+        for m in measures:
+            for k, v in m["stalenessHistogram"].items():
+                histogram[k] = histogram.get(k, 0) + int(v)
+        configs[name] = {
+            "seeds": len(measures),
+            "reachedTarget": sum(bool(m["reachedTarget"]) for m in measures),
+            "stalenessHistogram": dict(sorted(histogram.items(), key=lambda kv: int(kv[0]))),
+            "maxObservedStaleness": max(
+                (m["maxObservedStaleness"] for m in measures if m["maxObservedStaleness"] is not None),
+                default=None,
+            ),
+            "accuracyBand": accuracy_band([m["evaluations"] for m in measures]),
+            **{key: describe((m[key] for m in measures), seed=offset) for key in SCALARS},
+        }
+    base = runs.get(BASELINE)
+    for name, measures in runs.items():
+        speed: dict[str, Any] = {}
+        if base is not None:
+            speed["timeToTarget"] = _ratio(
+                [m["timeToTargetSeconds"] for m in base], [m["timeToTargetSeconds"] for m in measures]
+            )
+            speed["rolloutsPerSecond"] = _ratio(
+                [m["rolloutsPerSecond"] for m in measures], [m["rolloutsPerSecond"] for m in base]
+            )
+        configs[name]["speedupVsColocated"] = speed
+    return {"targetAccuracy": target, "baseline": BASELINE if base is not None else None, "configs": configs}
+
+
+def _ratio(numerator: Sequence[float | None], denominator: Sequence[float | None]) -> dict[str, Any] | None:
+    a = [float(v) for v in numerator if v is not None]
+    b = [float(v) for v in denominator if v is not None]
+    found = ratio_interval(a, b)
+    if found is None:
+        return None
+    return {"ratio": found[0], "ci95": found[1]}
+
+
+# -------------------------------------------------------------------------------------------- table
+def _fmt(d: Mapping[str, Any], digits: int = 2, scale: float = 1.0) -> str:
+    if d.get("mean") is None:
+        return "–"
+    text = f"{d['mean'] * scale:.{digits}f}"
+    if d.get("ci95"):
+        low, high = d["ci95"]
+        text += f" [{low * scale:.{digits}f}, {high * scale:.{digits}f}]"
+    return text
+
+
+def markdown_table(results: Mapping[str, Any]) -> str:
+    """The results as a markdown table: mean [95% t-interval] across seeds per configuration."""
+    target = results.get("targetAccuracy")
+    header = (
+        "| configuration | seeds | time-to-target (s) | steps-to-target | reached | final accuracy | "
+        "trainer busy | rollouts/s | snapshot load | dropped | weighted | staleness consumed (mean; histogram) | "
+        "speedup (time-to-target) | speedup (rollouts/s) |"
+    )
+    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    for name, c in results["configs"].items():
+        speed = c.get("speedupVsColocated") or {}
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    name,
+                    str(c["seeds"]),
+                    _fmt(c["timeToTargetSeconds"], 1),
+                    _fmt(c["stepsToTarget"], 1),
+                    f"{c['reachedTarget']}/{c['seeds']}" if target is not None else "–",
+                    _fmt(c["finalHeldoutAccuracy"], 3),
+                    _fmt(c["trainerBusyFraction"], 1, 100.0) + " %",
+                    _fmt(c["rolloutsPerSecond"], 2),
+                    _fmt(c["snapshotLoadFraction"], 1, 100.0) + " %",
+                    _fmt(c["droppedGroups"], 1),
+                    _fmt(c["weightedGroups"], 1),
+                    _fmt(c["meanStaleness"], 2) + "; " + _histogram_text(c["stalenessHistogram"]),
+                    _speed_text(speed.get("timeToTarget")),
+                    _speed_text(speed.get("rolloutsPerSecond")),
+                ]
+            )
+            + " |"
+        )
+    notes = [
+        "",
+        "Mean [95% Student-t interval] across seeds. "
+        + (f"Target held-out accuracy {target}; " if target is not None else "")
+        + "time-to-target is the wall-clock at which the first version reaching it was published, "
+        "averaged over the seeds that reached it (`reached`). Speedups are relative to Colocated "
+        "(bootstrap 95% interval of the ratio of means).",
+    ]
+    return "\n".join(lines + notes) + "\n"
+
+
+def _histogram_text(histogram: Mapping[str, int]) -> str:
+    return " ".join(f"{k}:{v}" for k, v in histogram.items()) or "–"
+
+
+def _speed_text(speed: Mapping[str, Any] | None) -> str:
+    if not speed:
+        return "–"
+    text = f"{speed['ratio']:.2f}×"
+    if speed.get("ci95"):
+        low, high = speed["ci95"]
+        text += f" [{low:.2f}, {high:.2f}]"
+    return text

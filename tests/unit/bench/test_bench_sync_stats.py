@@ -1,0 +1,144 @@
+"""``echorl bench sync``'s pure part: interval math against hand-computed values, per-run measures and
+aggregation of synthetic runs, configuration parsing and the manifests the grid runs."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from echo_runtime import spec
+from echo_runtime.bench import sync, sync_run
+
+
+def test_t_quantiles_match_tables() -> None:
+    assert sync.t_quantile(1) == pytest.approx(12.706)
+    assert sync.t_quantile(2) == pytest.approx(4.303)
+    assert sync.t_quantile(30) == pytest.approx(2.042)
+    assert sync.t_quantile(60) == pytest.approx(2.000, abs=1e-3)  # tables: 2.000
+    assert sync.t_quantile(120) == pytest.approx(1.980, abs=1e-3)  # tables: 1.980
+    with pytest.raises(ValueError):
+        sync.t_quantile(0)
+
+
+def test_t_interval_by_hand() -> None:
+    # mean 2, s = 1, n = 3: half-width 4.303 / sqrt(3) = 2.4843
+    low, high = sync.t_interval([1.0, 2.0, 3.0])  # type: ignore[misc]
+    assert (low, high) == pytest.approx((2 - 4.303 / math.sqrt(3), 2 + 4.303 / math.sqrt(3)))
+    assert sync.t_interval([5.0]) is None
+    assert sync.t_interval([4.0, 4.0]) == pytest.approx((4.0, 4.0))
+
+
+def test_bootstrap_is_seeded_and_inside_the_range() -> None:
+    values = [1.0, 2.0, 3.0, 10.0]
+    a = sync.bootstrap_interval(values, seed=3)
+    assert a == sync.bootstrap_interval(values, seed=3)
+    assert a is not None and 1.0 <= a[0] < a[1] <= 10.0
+    assert sync.bootstrap_interval([1.0]) is None
+
+
+def test_ratio_of_means() -> None:
+    found = sync.ratio_interval([10.0, 10.0], [5.0, 5.0])
+    assert found is not None and found[0] == pytest.approx(2.0) and found[1] == pytest.approx((2.0, 2.0))
+    assert sync.ratio_interval([], [1.0]) is None
+    assert sync.ratio_interval([1.0], [0.0]) is None
+
+
+def _run(
+    mode_staleness: dict[str, int], accs: list[tuple[int, float, float]], step_s: float
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    summary = {
+        "policyVersion": accs[-1][0],
+        "stalenessHistogram": mode_staleness,
+        "droppedStale": 1,
+        "weightedStale": 0,
+        "maxObservedStaleness": max(int(k) for k in mode_staleness),
+        "initialHeldoutAccuracy": accs[0][1],
+        "finalHeldoutAccuracy": accs[-1][1],
+        "evaluations": [{"policyVersion": v, "heldoutAccuracy": a, "publishedAt": t} for v, a, t in accs],
+        "workerTiming": {"cpu-0": {"loadSeconds": 2.0, "wallSeconds": 20.0}},
+    }
+    records = [
+        {"kind": "trainer", "time": 5.0 * (i + 1), "stepSeconds": step_s, "rollouts": 8} for i in range(4)
+    ]
+    return summary, records
+
+
+def test_run_measures_by_hand() -> None:
+    summary, records = _run({"0": 6, "1": 2}, [(0, 0.0, 0.0), (2, 0.4, 10.0), (4, 0.6, 20.0)], 2.5)
+    m = sync.run_measures(summary, records, target=0.5)
+    assert m["trainingSeconds"] == 20.0
+    assert m["trainerBusyFraction"] == pytest.approx(10.0 / 20.0)
+    assert m["rolloutsPerSecond"] == pytest.approx(32 / 20.0)
+    assert m["snapshotLoadFraction"] == pytest.approx(0.1)
+    assert m["meanStaleness"] == pytest.approx(2 / 8)
+    assert (m["timeToTargetSeconds"], m["stepsToTarget"], m["reachedTarget"]) == (20.0, 4, True)
+    missed = sync.run_measures(summary, records, target=0.9)
+    assert (missed["timeToTargetSeconds"], missed["reachedTarget"]) == (None, False)
+
+
+def test_aggregate_speedups_and_censoring() -> None:
+    fast = [
+        sync.run_measures(*_run({"0": 4, "2": 4}, [(0, 0.0, 0.0), (4, 0.6, t)], 1.0), target=0.5)
+        for t in (10.0, 12.0, 14.0)
+    ]
+    slow = [
+        sync.run_measures(*_run({"0": 8}, [(0, 0.0, 0.0), (4, acc, t)], 4.0), target=0.5)
+        for acc, t in ((0.6, 24.0), (0.6, 24.0), (0.3, 30.0))
+    ]
+    results = sync.aggregate({"Colocated": slow, "Async:2": fast}, target=0.5)
+    colocated, async2 = results["configs"]["Colocated"], results["configs"]["Async:2"]
+    assert colocated["reachedTarget"] == 2 and colocated["timeToTargetSeconds"]["n"] == 2
+    assert colocated["timeToTargetSeconds"]["mean"] == pytest.approx(24.0)
+    assert async2["timeToTargetSeconds"]["ci95"] == pytest.approx(
+        (12 - 4.303 * 2 / math.sqrt(3), 12 + 4.303 * 2 / math.sqrt(3))
+    )
+    assert async2["speedupVsColocated"]["timeToTarget"]["ratio"] == pytest.approx(24.0 / 12.0)
+    assert colocated["speedupVsColocated"]["timeToTarget"]["ratio"] == pytest.approx(1.0)
+    assert async2["stalenessHistogram"] == {"0": 12, "2": 12}
+    band = async2["accuracyBand"]
+    assert band["time"][0] == 0.0 and band["time"][-1] == pytest.approx(10.0)
+    assert band["mean"][-1] == pytest.approx(0.2)  # at t=10 s only the first seed has published 0.6
+    table = sync.markdown_table(results)
+    assert "| Async:2 | 3 |" in table and "2/3" in table and "2.00×" in table
+
+
+def test_parse_configs() -> None:
+    configs = sync_run.parse_configs("Colocated, Sequential,Async:0,Async:8")
+    assert [c.name for c in configs] == ["Colocated", "Sequential", "Async:0", "Async:8"]
+    assert [c.slug for c in configs] == ["colocated", "sequential", "async0", "async8"]
+    for bad in ("Async", "async:1", "Async:-1", "", "Colocated,Colocated"):
+        with pytest.raises(ValueError):
+            sync_run.parse_configs(bad)
+
+
+@pytest.mark.parametrize("config", ["Colocated", "Sequential", "Async:4"])
+def test_manifests_change_only_the_grid_fields(tmp_path: Path, config: str) -> None:
+    base = {
+        "apiVersion": "echorl.dev/v1alpha1",
+        "kind": "EchoJob",
+        "metadata": {"name": "quickstart"},
+        "spec": {
+            "model": {"path": "echorl:tiny", "warmupSteps": 200},
+            "syncPolicy": {"mode": "Async", "maxStaleness": 2, "bufferSize": 8, "refreshThreshold": 1},
+        },
+    }
+    (parsed,) = sync_run.parse_configs(config)
+    doc = sync_run.manifest_for(base, parsed, 2, tmp_path / "store", {"task": {"heldoutSize": 8}})
+    job = spec.resolve(spec.EchoJob.model_validate(doc))
+    assert job.name == f"quickstart-{parsed.slug}-s2"
+    assert job.sync_policy.mode == parsed.mode and job.sync_policy.max_staleness == parsed.max_staleness
+    assert job.spec.algorithm.seed == 2 and job.spec.model.warmup_steps == 200
+    assert job.spec.task.heldout_size == 8
+    assert job.spec.storage.path == str(tmp_path / "store")
+    assert base["spec"]["syncPolicy"]["mode"] == "Async"  # the base is not modified
+
+
+def test_colocated_forbids_async_fields() -> None:
+    spec.SyncPolicySpec.model_validate({"mode": "Colocated", "maxStaleness": 0})
+    with pytest.raises(ValueError, match="bufferSize"):
+        spec.SyncPolicySpec.model_validate({"mode": "Colocated", "bufferSize": 4})
+    with pytest.raises(ValueError, match="refreshThreshold"):
+        spec.SyncPolicySpec.model_validate({"mode": "Colocated", "maxStaleness": 2, "refreshThreshold": 1})
