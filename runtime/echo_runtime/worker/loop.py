@@ -97,10 +97,12 @@ class Worker:
             raise VersionNotYetVisible(wanted, published)
         latest = min(target, published)
         started = self._clock()
-        path = self.store.fetch(latest, self.cache_dir, keep_cached=3)
-        kind = self.store.manifest(latest).kind
-        with contextlib.suppress(Exception):  # a pin is a courtesy to retention, never a reason to stop
+        # Pin before fetching, so retention cannot collect the version mid-download. A pin is a
+        # courtesy to retention (a read-only credential may refuse it), never a reason to stop.
+        with contextlib.suppress(Exception):
             self.store.pin(latest, self._reader_id(), PIN_TTL_S)
+        path = self.store.fetch(latest, self.cache_dir, keep_cached=3)
+        kind = json.loads((path / "manifest.json").read_text())["kind"]  # the verified copy: no request
         previous = self.loaded_version
         self.backend.apply_snapshot(latest, path, kind)
         seconds = self._clock() - started

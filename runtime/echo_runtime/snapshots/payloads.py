@@ -1,0 +1,162 @@
+"""What the files of a snapshot are, and how to write and read them so the round trip is bit-exact.
+
+``lora``: a peft adapter folder, ``adapter_model.safetensors`` + ``adapter_config.json``: exactly
+what ``PeftModel.save_pretrained`` writes and what ``PeftModel.from_pretrained`` and vLLM's LoRA
+loader read.
+
+``full``: a whole state dict in safetensors, Hugging Face layout: ``model.safetensors``, or for
+large models shards ``model-00001-of-0000N.safetensors`` plus ``model.safetensors.index.json``
+(``{"metadata": {"total_size": …}, "weight_map": {tensor name: shard}}``).
+
+Invariant: ``load_*(save_*(tensors))`` returns the same names, dtypes, shapes and bytes. Tensors
+that share memory (tied embeddings) are written as separate copies, because safetensors stores no
+aliasing; non-contiguous tensors are made contiguous; nothing is ever cast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+import torch
+
+from echo_runtime.snapshots.manifest import Kind
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+FULL_WEIGHTS = "model.safetensors"
+FULL_INDEX = "model.safetensors.index.json"
+DEFAULT_SHARD_BYTES = 2 * 1024**3
+_METADATA = {"format": "pt"}
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraAdapter:
+    """A loaded adapter: its peft config (as JSON) and its tensors."""
+
+    config: dict[str, Any]
+    tensors: dict[str, torch.Tensor]
+
+
+def save_peft_adapter(model: Any, out_dir: str | os.PathLike[str]) -> Path:
+    """Write a ``peft.PeftModel``'s adapter (weights + config) to ``out_dir`` and return it."""
+    out = Path(out_dir)
+    model.save_pretrained(str(out), safe_serialization=True)
+    missing = [n for n in (ADAPTER_WEIGHTS, ADAPTER_CONFIG) if not (out / n).is_file()]
+    if missing:
+        raise RuntimeError(f"peft did not write {', '.join(missing)} into {out}")
+    return out
+
+
+def save_lora_adapter(
+    tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any], out_dir: str | os.PathLike[str]
+) -> Path:
+    """Write adapter ``tensors`` and a peft ``config`` (``LoraConfig.to_dict()``) in peft's layout."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    safetensors.torch.save_file(_storable(tensors), str(out / ADAPTER_WEIGHTS), metadata=_METADATA)
+    (out / ADAPTER_CONFIG).write_text(
+        json.dumps(dict(config), indent=2, sort_keys=True, default=_json_default)
+    )
+    return out
+
+
+def load_lora_adapter(path: str | os.PathLike[str]) -> LoraAdapter:
+    """Read an adapter folder written by :func:`save_lora_adapter` or :func:`save_peft_adapter`."""
+    folder = Path(path)
+    return LoraAdapter(
+        config=json.loads((folder / ADAPTER_CONFIG).read_text()),
+        tensors=safetensors.torch.load_file(str(folder / ADAPTER_WEIGHTS)),
+    )
+
+
+def save_state_dict(
+    state_dict: Mapping[str, torch.Tensor],
+    out_dir: str | os.PathLike[str],
+    *,
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+) -> list[Path]:
+    """Write a full state dict, sharded when it exceeds ``max_shard_bytes``; return the files written.
+
+    Shards are filled greedily in the state dict's order; a tensor larger than the limit gets a
+    shard of its own.
+    """
+    if max_shard_bytes < 1:
+        raise ValueError(f"max_shard_bytes: must be ≥ 1, got {max_shard_bytes}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = _storable(state_dict)
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    used = 0
+    for name, tensor in tensors.items():
+        size = tensor.numel() * tensor.element_size()
+        if shards[-1] and used + size > max_shard_bytes:
+            shards.append({})
+            used = 0
+        shards[-1][name] = tensor
+        used += size
+    if len(shards) == 1:
+        safetensors.torch.save_file(shards[0], str(out / FULL_WEIGHTS), metadata=_METADATA)
+        return [out / FULL_WEIGHTS]
+    written, weight_map = [], {}
+    for i, shard in enumerate(shards, start=1):
+        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        safetensors.torch.save_file(shard, str(out / name), metadata=_METADATA)
+        written.append(out / name)
+        weight_map.update(dict.fromkeys(shard, name))
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out / FULL_INDEX).write_text(json.dumps(index, indent=2))
+    return [*written, out / FULL_INDEX]
+
+
+def load_state_dict(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """Read a state dict written by :func:`save_state_dict` (single file or sharded)."""
+    folder = Path(path)
+    index_path = folder / FULL_INDEX
+    if not index_path.is_file():
+        return safetensors.torch.load_file(str(folder / FULL_WEIGHTS))
+    weight_map: dict[str, str] = json.loads(index_path.read_text())["weight_map"]
+    state: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(weight_map.values())):
+        state.update(safetensors.torch.load_file(str(folder / shard)))
+    if set(state) != set(weight_map):
+        missing = sorted(set(weight_map) - set(state))[:5]
+        extra = sorted(set(state) - set(weight_map))[:5]
+        raise ValueError(f"{index_path}: shards do not match the index (missing {missing}, unlisted {extra})")
+    return state
+
+
+def detect_kind(path: str | os.PathLike[str]) -> Kind:
+    """``lora`` for an adapter folder, ``full`` for a state dict folder."""
+    folder = Path(path)
+    if (folder / ADAPTER_CONFIG).is_file():
+        return "lora"
+    if (folder / FULL_WEIGHTS).is_file() or (folder / FULL_INDEX).is_file():
+        return "full"
+    raise ValueError(f"{folder}: neither a peft adapter ({ADAPTER_CONFIG}) nor a state dict ({FULL_WEIGHTS})")
+
+
+def _storable(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """CPU, contiguous tensors that share no memory with each other (copies where they did)."""
+    seen: set[tuple[torch.device, int]] = set()
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in tensors.items():
+        t = tensor.detach()
+        storage = (t.device, t.untyped_storage().data_ptr())
+        if t.numel() and storage in seen:
+            t = t.clone()
+        seen.add(storage)
+        out[name] = t.to("cpu").contiguous()
+    return out
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, set | frozenset):
+        return sorted(value)
+    raise TypeError(f"cannot write {type(value).__name__} into {ADAPTER_CONFIG}")
