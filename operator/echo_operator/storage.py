@@ -104,7 +104,11 @@ def delete_job_data(storage: spec.Storage, creds: Credentials | None, job: str) 
 
 
 def readonly_policy(bucket: str, root: str) -> dict[str, Any]:
-    """IAM policy: list and get objects under ``root/`` of ``bucket``, nothing else."""
+    """IAM policy: list and get objects under ``root/`` of ``bucket``; write only reader pins.
+
+    Readers pin the versions they use (``root/pins/``) so retention keeps them; without write access
+    there, a pin is refused and gc could remove a version a worker is loading.
+    """
     return {
         "Version": "2012-10-17",
         "Statement": [
@@ -112,6 +116,11 @@ def readonly_policy(bucket: str, root: str) -> dict[str, Any]:
                 "Effect": "Allow",
                 "Action": ["s3:GetObject"],
                 "Resource": [f"arn:aws:s3:::{bucket}/{root}/*"],
+            },
+            {
+                "Effect": "Allow",
+                "Action": ["s3:PutObject", "s3:DeleteObject"],
+                "Resource": [f"arn:aws:s3:::{bucket}/{root}/pins/*"],
             },
             {
                 "Effect": "Allow",
