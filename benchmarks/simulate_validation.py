@@ -36,8 +36,12 @@ RESULTS = REPO / "benchmarks" / "results" / "simulate_validation.json"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR", help="run directories of `echorl run`")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "runs", nargs="+", type=Path, metavar="RUN_DIR", help="run directories of `echorl run`"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"JSON report (default {RESULTS})")
     parser.add_argument("--seeds", type=int, default=10, help="simulations per run (default 10)")
     parser.add_argument("--tolerance", type=float, default=0.2, help="allowed |relative error| (default 0.2)")
@@ -67,7 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     report = {"tolerance": args.tolerance, "seeds": args.seeds, "summary": summary, "runs": records}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2, sort_keys=True))
-    print(f"{summary['withinTolerance']}/{summary['runs']} run(s) within ±{100 * args.tolerance:.0f}%; report: {args.out}")
+    print(
+        f"{summary['withinTolerance']}/{summary['runs']} run(s) within ±{100 * args.tolerance:.0f}%; report: {args.out}"
+    )
     return 0 if summary["withinTolerance"] == summary["runs"] else 1
 
 

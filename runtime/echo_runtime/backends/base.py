@@ -64,6 +64,8 @@ class Backend(Protocol):
         """``n`` completions for each prompt, in prompt order."""
         ...
 
-    def score_logprobs(self, prompt_ids: Sequence[int], completion_ids: Sequence[int], temperature: float) -> list[float]:
+    def score_logprobs(
+        self, prompt_ids: Sequence[int], completion_ids: Sequence[int], temperature: float
+    ) -> list[float]:
         """Log-probs of a given completion under the current weights (parity and fidelity checks)."""
         ...

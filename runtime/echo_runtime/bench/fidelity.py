@@ -56,8 +56,12 @@ class Mismatch:
 
     def to_mapping(self) -> dict[str, Any]:
         return {
-            "sequences": self.sequences, "tokens": self.tokens, "meanAbs": self.mean_abs, "maxAbs": self.max_abs,
-            "klSeq": self.kl_seq, "klSeqK1": self.kl_seq_k1,
+            "sequences": self.sequences,
+            "tokens": self.tokens,
+            "meanAbs": self.mean_abs,
+            "maxAbs": self.max_abs,
+            "klSeq": self.kl_seq,
+            "klSeqK1": self.kl_seq_k1,
         }
 
 
@@ -84,8 +88,12 @@ def logprob_mismatch(behaviour: Sequence[Sequence[float]], recomputed: Sequence[
         k1_total += float(-delta.sum())
     n = len(behaviour)
     return Mismatch(
-        sequences=n, tokens=tokens, mean_abs=abs_sum / tokens if tokens else 0.0, max_abs=abs_max,
-        kl_seq=k3_total / n, kl_seq_k1=k1_total / n,
+        sequences=n,
+        tokens=tokens,
+        mean_abs=abs_sum / tokens if tokens else 0.0,
+        max_abs=abs_max,
+        kl_seq=k3_total / n,
+        kl_seq_k1=k1_total / n,
     )
 
 
@@ -100,7 +108,12 @@ def _check(a: Sequence[float], b: Sequence[float]) -> tuple[np.ndarray, np.ndarr
 
 
 def permutation_test(
-    a: Sequence[float], b: Sequence[float], *, resamples: int = 10_000, seed: int = 0, exact_limit: int = 20_000
+    a: Sequence[float],
+    b: Sequence[float],
+    *,
+    resamples: int = 10_000,
+    seed: int = 0,
+    exact_limit: int = 20_000,
 ) -> tuple[float, bool]:
     """Two-sided permutation p-value of ``mean(a) − mean(b)``, and whether it was exact."""
     x, y = _check(a, b)
@@ -151,7 +164,9 @@ def mann_whitney(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
     u = float(ranks[:m].sum() - m * (m + 1) / 2.0)
     _, ties = np.unique(pooled, return_counts=True)
     total = m + n
-    tie_term = float(np.sum(ties.astype(np.float64) ** 3 - ties)) / (total * (total - 1)) if total > 1 else 0.0
+    tie_term = (
+        float(np.sum(ties.astype(np.float64) ** 3 - ties)) / (total * (total - 1)) if total > 1 else 0.0
+    )
     variance = m * n / 12.0 * ((total + 1) - tie_term)
     if variance <= 0:
         return u, 1.0
@@ -205,10 +220,18 @@ class TwoSample:
 
     def to_mapping(self) -> dict[str, Any]:
         return {
-            "nA": self.n_a, "nB": self.n_b, "meanA": self.mean_a, "meanB": self.mean_b,
-            "difference": self.difference, "ci95": list(self.ci95), "permutationP": self.permutation_p,
-            "permutationExact": self.permutation_exact, "mannWhitneyU": self.mann_whitney_u,
-            "mannWhitneyP": self.mann_whitney_p, "ksStatistic": self.ks_statistic, "ksP": self.ks_p,
+            "nA": self.n_a,
+            "nB": self.n_b,
+            "meanA": self.mean_a,
+            "meanB": self.mean_b,
+            "difference": self.difference,
+            "ci95": list(self.ci95),
+            "permutationP": self.permutation_p,
+            "permutationExact": self.permutation_exact,
+            "mannWhitneyU": self.mann_whitney_u,
+            "mannWhitneyP": self.mann_whitney_p,
+            "ksStatistic": self.ks_statistic,
+            "ksP": self.ks_p,
         }
 
 
@@ -231,8 +254,16 @@ def compare_samples(
     u, p_mw = mann_whitney(x.tolist(), y.tolist())
     d, p_ks = ks_two_sample(x.tolist(), y.tolist())
     return TwoSample(
-        n_a=int(x.size), n_b=int(y.size), mean_a=float(x.mean()), mean_b=float(y.mean()),
-        difference=float(x.mean() - y.mean()), ci95=welch_ci(x.tolist(), y.tolist()),
-        permutation_p=p_perm, permutation_exact=exact, mann_whitney_u=u, mann_whitney_p=p_mw,
-        ks_statistic=d, ks_p=p_ks,
+        n_a=int(x.size),
+        n_b=int(y.size),
+        mean_a=float(x.mean()),
+        mean_b=float(y.mean()),
+        difference=float(x.mean() - y.mean()),
+        ci95=welch_ci(x.tolist(), y.tolist()),
+        permutation_p=p_perm,
+        permutation_exact=exact,
+        mann_whitney_u=u,
+        mann_whitney_p=p_mw,
+        ks_statistic=d,
+        ks_p=p_ks,
     )

@@ -136,7 +136,9 @@ def run(options: Options, log: Callable[[str], None] = lambda _: None) -> dict[s
         snapshot = _make_snapshot(policy, options, Path(scratch) / "v1")
         tokenizer = model_load.load_tokenizer(model_dir)
         params = base.SamplingParams(
-            temperature=options.temperature, top_p=options.top_p, max_new_tokens=options.max_new_tokens,
+            temperature=options.temperature,
+            top_p=options.top_p,
+            max_new_tokens=options.max_new_tokens,
             seed=options.seed,
         )
         sampled: list[_Sampled] = []
@@ -157,7 +159,9 @@ def run(options: Options, log: Callable[[str], None] = lambda _: None) -> dict[s
             seconds = time.perf_counter() - t
             flat = [s for group in groups for s in group]
             log(f"{choice.label}: {len(flat)} samples in {seconds:.1f}s")
-            sampled.append(_Sampled(choice, backend, flat, [p for p in problems for _ in range(options.n)], seconds))
+            sampled.append(
+                _Sampled(choice, backend, flat, [p for p in problems for _ in range(options.n)], seconds)
+            )
         if not sampled:
             raise RuntimeError(f"no backend could run here: {skipped}")
 
@@ -166,7 +170,9 @@ def run(options: Options, log: Callable[[str], None] = lambda _: None) -> dict[s
 
         report_backends: dict[str, Any] = {}
         for s in sampled:
-            s.recomputed = _trainer_logprobs(policy, [encode(p.prompt) for p in s.problems], s.samples, options.temperature)
+            s.recomputed = _trainer_logprobs(
+                policy, [encode(p.prompt) for p in s.problems], s.samples, options.temperature
+            )
             report_backends[s.choice.label] = _versus_trainer(s, encode, task)
         effect = _snapshot_effect(policy, sampled[0], options) if snapshot is not None else None
         pairs = {
@@ -184,8 +190,12 @@ def run(options: Options, log: Callable[[str], None] = lambda _: None) -> dict[s
         "policyVersion": 1 if options.snapshot == "lora" else 0,
         "prompts": options.prompts,
         "n": options.n,
-        "sampling": {"temperature": options.temperature, "topP": options.top_p, "maxNewTokens": options.max_new_tokens,
-                     "seed": options.seed},
+        "sampling": {
+            "temperature": options.temperature,
+            "topP": options.top_p,
+            "maxNewTokens": options.max_new_tokens,
+            "seed": options.seed,
+        },
         "backends": report_backends,
         "skipped": skipped,
         "pairs": pairs,
@@ -227,7 +237,11 @@ def _make_snapshot(policy: Any, options: Options, out: Path) -> Path | None:
 
 
 def _trainer_logprobs(
-    policy: Any, prompt_ids: Sequence[Sequence[int]], samples: Sequence[Any], temperature: float, rows: int = 64
+    policy: Any,
+    prompt_ids: Sequence[Sequence[int]],
+    samples: Sequence[Any],
+    temperature: float,
+    rows: int = 64,
 ) -> list[list[float]]:
     """The trainer's recomputation: right-padded batches through the policy, as a step computes them."""
     import torch
@@ -240,7 +254,10 @@ def _trainer_logprobs(
         chunk = samples[start : start + rows]
         rollouts = [
             trainer_batch.Rollout(
-                prompt_ids=tuple(p), completion_ids=tuple(s.completion_ids), logprobs=tuple(s.logprobs), reward=0.0,
+                prompt_ids=tuple(p),
+                completion_ids=tuple(s.completion_ids),
+                logprobs=tuple(s.logprobs),
+                reward=0.0,
                 policy_version=1,
             )
             for p, s in zip(prompt_ids[start : start + rows], chunk, strict=True)
@@ -282,15 +299,21 @@ def _pair(a: _Sampled, b: _Sampled, options: Options, task: Any) -> dict[str, An
     b_by_a = [a.backend.score_logprobs(x.prompt_ids, x.completion_ids, t) for x in b.samples]
     reported = [list(x.logprobs) for x in a.samples] + [list(x.logprobs) for x in b.samples]
     mismatch = fidelity.logprob_mismatch(reported, a_by_b + b_by_a)
-    rewards = fidelity.compare_samples(_rewards(a, task), _rewards(b, task), resamples=options.resamples,
-                                       seed=options.seed)
+    rewards = fidelity.compare_samples(
+        _rewards(a, task), _rewards(b, task), resamples=options.resamples, seed=options.seed
+    )
     lengths = fidelity.compare_samples(
-        [float(len(x.completion_ids)) for x in a.samples], [float(len(x.completion_ids)) for x in b.samples],
-        resamples=options.resamples, seed=options.seed,
+        [float(len(x.completion_ids)) for x in a.samples],
+        [float(len(x.completion_ids)) for x in b.samples],
+        resamples=options.resamples,
+        seed=options.seed,
     )
     # The same policy sampled alike gives the same distribution of sequence log-likelihoods (trainer's).
     likelihoods = fidelity.compare_samples(
-        [sum(v) for v in a.recomputed], [sum(v) for v in b.recomputed], resamples=options.resamples, seed=options.seed
+        [sum(v) for v in a.recomputed],
+        [sum(v) for v in b.recomputed],
+        resamples=options.resamples,
+        seed=options.seed,
     )
     return {
         "logprobs": mismatch.to_mapping(),
@@ -337,8 +360,11 @@ def table(report: dict[str, Any]) -> str:
     for name, reason in report["skipped"].items():
         lines.append(f"{name:22s} skipped: {reason}")
     if report["pairs"]:
-        lines += ["", f"{'pair':30s} {'mean|Δ|':>9s} {'max|Δ|':>9s} {'KL(seq)':>9s} {'Δreward [95% CI]':>24s} "
-                      f"{'perm p':>7s} {'MW p':>7s} {'KS p':>7s} {'len p':>7s} {'logL p':>7s}"]
+        lines += [
+            "",
+            f"{'pair':30s} {'mean|Δ|':>9s} {'max|Δ|':>9s} {'KL(seq)':>9s} {'Δreward [95% CI]':>24s} "
+            f"{'perm p':>7s} {'MW p':>7s} {'KS p':>7s} {'len p':>7s} {'logL p':>7s}",
+        ]
         for name, p in report["pairs"].items():
             m, r = p["logprobs"], p["rewards"]
             ci = f"{r['difference']:+.3f} [{r['ci95'][0]:+.3f},{r['ci95'][1]:+.3f}]"
@@ -347,12 +373,19 @@ def table(report: dict[str, Any]) -> str:
                 f"{r['permutationP']:7.3f} {r['mannWhitneyP']:7.3f} {r['ksP']:7.3f} "
                 f"{p['completionLengths']['mannWhitneyP']:7.3f} {p['sequenceLogprobs']['mannWhitneyP']:7.3f}"
             )
-        lines.append("(p-values: rewards by permutation, Mann-Whitney, KS; lengths and trainer log-likelihood "
-                     "of the samples by Mann-Whitney)")
+        lines.append(
+            "(p-values: rewards by permutation, Mann-Whitney, KS; lengths and trainer log-likelihood "
+            "of the samples by Mann-Whitney)"
+        )
     target = report["target"]
     if target["meanAbs"] is not None:
         verdict = "met" if target["met"] else "NOT met"
-        lines += ["", f"target {target['pair']} mean|Δ| ≤ {target['meanAbsBound']:g}: {target['meanAbs']:.2e} ({verdict})"]
+        lines += [
+            "",
+            f"target {target['pair']} mean|Δ| ≤ {target['meanAbsBound']:g}: {target['meanAbs']:.2e} ({verdict})",
+        ]
     if report.get("snapshotEffect"):
-        lines.append(f"(version 1 vs the base model on the same tokens: mean|Δ| {report['snapshotEffect']['meanAbs']:.2e})")
+        lines.append(
+            f"(version 1 vs the base model on the same tokens: mean|Δ| {report['snapshotEffect']['meanAbs']:.2e})"
+        )
     return "\n".join(lines)

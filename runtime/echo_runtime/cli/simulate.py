@@ -24,7 +24,9 @@ def _ints(text: str | None, what: str) -> list[int] | None:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers, got {text!r}", param_hint=what) from None
+        raise click.BadParameter(
+            f"expected comma-separated integers, got {text!r}", param_hint=what
+        ) from None
     if not values or min(values) < 0:
         raise click.BadParameter(f"expected non-negative integers, got {text!r}", param_hint=what)
     return values
@@ -73,18 +75,28 @@ def pool_variants(
 @click.option("--max-staleness", metavar="LIST", help="Δmax values to sweep, e.g. 0,1,2,4,8.")
 @click.option("--scale", metavar="LIST", help="Multiply every pool's worker count, e.g. 0.5,1,2.")
 @click.option(
-    "--pool", "pools", multiple=True, metavar="NAME=LIST",
+    "--pool",
+    "pools",
+    multiple=True,
+    metavar="NAME=LIST",
     help="Sweep one class's worker count, e.g. cpu=0,500,1000 (repeatable: the product is swept).",
 )
 @click.option("--buffer", metavar="LIST", help="Replay-buffer capacities (groups) to sweep.")
 @click.option("--mode", type=click.Choice(sim_config.MODES), help="Override the configuration's mode.")
 @click.option("--duration", type=click.FloatRange(min=0, min_open=True), help="Simulated seconds.")
 @click.option("--max-steps", type=click.IntRange(min=1), help="Stop after this many optimizer steps.")
-@click.option("--seeds", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Repeat each point with this many seeds; the table shows mean ± std.")
+@click.option(
+    "--seeds",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Repeat each point with this many seeds; the table shows mean ± std.",
+)
 @click.option("--seed", type=click.IntRange(min=0), help="First seed (default: the configuration's).")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the results as JSON.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), help="Write a PNG plot.")
+@click.option(
+    "--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), help="Write a PNG plot."
+)
 def simulate(
     config: Path,
     max_staleness: str | None,
@@ -116,13 +128,18 @@ def simulate(
         buffers = _ints(buffer, "--buffer")
         variants = pool_variants(base, _floats(scale, "--scale"), pools)
         points = sim_sweep.sweep(
-            base, max_staleness=deltas, pools=variants, buffer_sizes=list(buffers) if buffers else None, seeds=seeds,
+            base,
+            max_staleness=deltas,
+            pools=variants,
+            buffer_sizes=list(buffers) if buffers else None,
+            seeds=seeds,
         )
     except sim_config.ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(
         f"{base.mode} mode, batch {base.batch_size} groups × {base.group_size}, "
-        f"{base.duration_seconds:g} s simulated" + (f" (≤ {base.max_steps} steps)" if base.max_steps else "")
+        f"{base.duration_seconds:g} s simulated"
+        + (f" (≤ {base.max_steps} steps)" if base.max_steps else "")
         + f", {seeds} seed(s) per point"
     )
     click.echo(sim_sweep.table(points))

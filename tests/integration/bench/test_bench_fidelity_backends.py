@@ -29,11 +29,27 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     root = tmp_path_factory.mktemp("fidelity")
     out = root / "fidelity.json"
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("ECHORL_CACHE_DIR", str(root / "cache"))  # the tiny model is built here, not in the user's cache
-        result = CliRunner().invoke(bench, [
-            "fidelity", "--model", "echorl:tiny", "--backends", "transformers,mlx,vllm", "--prompts", "8", "--n", "2",
-            "--max-new-tokens", "24", "--out", str(out),
-        ])
+        mp.setenv(
+            "ECHORL_CACHE_DIR", str(root / "cache")
+        )  # the tiny model is built here, not in the user's cache
+        result = CliRunner().invoke(
+            bench,
+            [
+                "fidelity",
+                "--model",
+                "echorl:tiny",
+                "--backends",
+                "transformers,mlx,vllm",
+                "--prompts",
+                "8",
+                "--n",
+                "2",
+                "--max-new-tokens",
+                "24",
+                "--out",
+                str(out),
+            ],
+        )
     assert result.exit_code == 0, result.output
     document: dict[str, Any] = json.loads(out.read_text())
     document["_output"] = result.output
@@ -78,10 +94,22 @@ def test_report_is_reproducible_in_its_numbers(report: dict[str, Any], tmp_path:
     """Same seed, same samples: the JSON a user gets twice differs only in timings."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("ECHORL_CACHE_DIR", str(Path(report["modelDir"]).parents[1]))
-        result = CliRunner().invoke(bench, [
-            "fidelity", "--backends", "transformers", "--prompts", "8", "--n", "2", "--max-new-tokens", "24",
-            "--out", str(tmp_path / "again.json"),
-        ])
+        result = CliRunner().invoke(
+            bench,
+            [
+                "fidelity",
+                "--backends",
+                "transformers",
+                "--prompts",
+                "8",
+                "--n",
+                "2",
+                "--max-new-tokens",
+                "24",
+                "--out",
+                str(tmp_path / "again.json"),
+            ],
+        )
     assert result.exit_code == 0, result.output
     again = json.loads((tmp_path / "again.json").read_text())
     assert again["backends"]["transformers"]["vsTrainer"] == report["backends"]["transformers"]["vsTrainer"]

@@ -27,7 +27,9 @@ T0 = 1_800_000_000.0
 def job_manifest(truth: SimConfig, name: str) -> dict[str, Any]:
     assert truth.max_steps is not None
     sync: dict[str, Any] = {
-        "mode": truth.mode, "maxStaleness": truth.max_staleness, "refreshThreshold": truth.refresh_threshold,
+        "mode": truth.mode,
+        "maxStaleness": truth.max_staleness,
+        "refreshThreshold": truth.refresh_threshold,
         "staleAction": truth.stale_action,
     }
     if truth.buffer_size is not None:
@@ -39,7 +41,11 @@ def job_manifest(truth: SimConfig, name: str) -> dict[str, Any]:
         "spec": {
             "model": {"path": "echorl:tiny"},
             "task": {"name": "arithmetic"},
-            "algorithm": {"maxSteps": truth.max_steps, "batchSize": truth.batch_size, "groupSize": truth.group_size},
+            "algorithm": {
+                "maxSteps": truth.max_steps,
+                "batchSize": truth.batch_size,
+                "groupSize": truth.group_size,
+            },
             "syncPolicy": sync,
             "trainingSwarm": {"checkpointInterval": max(1, truth.trainer.checkpoint_every)},
             "inferenceSwarms": [
@@ -99,18 +105,39 @@ def write_run(
     rates = windowed_rate(result.accept_times, truth.group_size, samples, started=0.0)
     for at, rate in zip(samples, rates, strict=True):
         registered = [{"pool": names[w].rsplit("-", 1)[0]} for w, t in joined.items() if t <= at]
-        records.append({"kind": "status", "time": float(at), "rolloutsPerSecond": float(rate), "workers": registered,
-                        "policyVersion": sum(1 for s in trace.steps if s[0] + sum(s[1:4]) <= at)})
+        records.append(
+            {
+                "kind": "status",
+                "time": float(at),
+                "rolloutsPerSecond": float(rate),
+                "workers": registered,
+                "policyVersion": sum(1 for s in trace.steps if s[0] + sum(s[1:4]) <= at),
+            }
+        )
     for start, step_s, publish_s, checkpoint_s, version in trace.steps:
         end = start + step_s + publish_s + checkpoint_s
         if end > result.seconds:
             continue
-        records.append({
-            "kind": "trainer", "time": end + 0.5, "unixTime": T0 + end, "policyVersion": int(version),
-            "stepSeconds": step_s, "publishSeconds": publish_s, "checkpointSeconds": checkpoint_s,
-        })
-    records.append({"kind": "eval", "time": result.seconds + after, "policyVersion": result.steps,
-                    "heldoutAccuracy": 0.0, "publishedAt": result.seconds})
+        records.append(
+            {
+                "kind": "trainer",
+                "time": end + 0.5,
+                "unixTime": T0 + end,
+                "policyVersion": int(version),
+                "stepSeconds": step_s,
+                "publishSeconds": publish_s,
+                "checkpointSeconds": checkpoint_s,
+            }
+        )
+    records.append(
+        {
+            "kind": "eval",
+            "time": result.seconds + after,
+            "policyVersion": result.steps,
+            "heldoutAccuracy": 0.0,
+            "publishedAt": result.seconds,
+        }
+    )
     records.sort(key=lambda r: r["time"])
     (root / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     summary = metrics.summarise(records)

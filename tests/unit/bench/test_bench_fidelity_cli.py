@@ -21,8 +21,10 @@ def test_bench_is_a_group_with_fidelity() -> None:
 def test_parse_backends() -> None:
     parsed = fidelity_run.parse_backends("transformers, mlx,transformers:cuda,vllm")
     assert [(b.name, b.device, b.label) for b in parsed] == [
-        ("transformers", "cpu", "transformers"), ("mlx", "cpu", "mlx"),
-        ("transformers", "cuda", "transformers:cuda"), ("vllm", "cuda", "vllm"),
+        ("transformers", "cpu", "transformers"),
+        ("mlx", "cpu", "mlx"),
+        ("transformers", "cuda", "transformers:cuda"),
+        ("vllm", "cuda", "vllm"),
     ]
     with pytest.raises(ValueError, match="unknown backend 'onnx'"):
         fidelity_run.parse_backends("onnx")
@@ -41,6 +43,9 @@ def test_an_unknown_backend_is_a_clear_cli_error() -> None:
 def test_target_verdict() -> None:
     pairs = {"mlx~transformers": {"logprobs": {"meanAbs": 2e-4}}}
     assert fidelity_run._target(pairs) == {
-        "pair": "transformers~mlx", "meanAbsBound": 1e-4, "meanAbs": 2e-4, "met": False,
+        "pair": "transformers~mlx",
+        "meanAbsBound": 1e-4,
+        "meanAbs": 2e-4,
+        "met": False,
     }
     assert fidelity_run._target({})["met"] is None

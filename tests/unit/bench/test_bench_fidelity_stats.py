@@ -64,9 +64,9 @@ def test_monte_carlo_permutation_test_agrees_with_the_exact_one() -> None:
     approx, was_approx = fidelity.permutation_test(a, b, resamples=20_000, seed=3, exact_limit=100)
     assert was_exact and not was_approx
     assert approx == pytest.approx(exact, abs=0.015)
-    assert fidelity.permutation_test(a, b, resamples=2000, seed=3, exact_limit=100) == fidelity.permutation_test(
+    assert fidelity.permutation_test(
         a, b, resamples=2000, seed=3, exact_limit=100
-    )
+    ) == fidelity.permutation_test(a, b, resamples=2000, seed=3, exact_limit=100)
 
 
 def test_mann_whitney_without_ties_by_hand() -> None:

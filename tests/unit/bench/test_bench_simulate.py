@@ -32,7 +32,9 @@ def assert_books_balance(result: Any) -> None:
     assert result.violations == 0
     bound = result.config.policy.bound
     assert all(0 <= s <= bound for s in result.staleness_histogram), result.staleness_histogram
-    assert sum(result.staleness_histogram.values()) == g.consumed == result.steps * result.config.batch_size or (
+    assert sum(
+        result.staleness_histogram.values()
+    ) == g.consumed == result.steps * result.config.batch_size or (
         g.consumed == (result.steps + 1) * result.config.batch_size  # a step still running at the end
     )
 
@@ -45,10 +47,17 @@ def test_worker_bound_async_matches_hand_computation() -> None:
     t = 10,000 s each finished 999 groups: 4 × 999 × 8 rollouts / 10,000 s = 3.1968 rollouts/s (the
     steady-state rate is W·n/g = 3.2). The trainer steps 1 s per batch of 4 groups, i.e. once per
     10 s: busy fraction 999 × 1 s / 10,000 s = 0.0999."""
-    result = simulate(config(
-        WorkerClass("cpu", 4, 10.0), trainer=TrainerConfig(step_seconds=1.0),
-        max_staleness=NEVER_STALE, batch_size=4, buffer_size=1000, group_size=8, duration_seconds=10_000,
-    ))
+    result = simulate(
+        config(
+            WorkerClass("cpu", 4, 10.0),
+            trainer=TrainerConfig(step_seconds=1.0),
+            max_staleness=NEVER_STALE,
+            batch_size=4,
+            buffer_size=1000,
+            group_size=8,
+            duration_seconds=10_000,
+        )
+    )
     assert result.rollouts_per_second == pytest.approx(4 * 999 * 8 / 10_000, rel=1e-9)
     assert result.trainer_busy_fraction == pytest.approx(999 * 1.0 / 10_000, rel=1e-9)
     assert result.classes["cpu"].utilisation == pytest.approx(1.0, abs=1e-3)
@@ -63,10 +72,16 @@ def test_trainer_bound_async_matches_hand_computation() -> None:
     Backpressure (buffer capacity 2 × 4 bounds pending + leased + buffered) holds the accepted rate to
     the trainer's: 0.4 groups/s × 8 = 3.2 rollouts/s; the trainer never waits: busy 8 / 10 = 0.8; the
     workers generate 0.4 groups/s × 10 s = 4 worker-seconds per second: utilisation 4/10 = 0.4."""
-    result = simulate(config(
-        WorkerClass("gpu", 10, 10.0), trainer=TrainerConfig(step_seconds=8.0, publish_seconds=2.0),
-        max_staleness=NEVER_STALE, batch_size=4, group_size=8, duration_seconds=20_000,
-    ))
+    result = simulate(
+        config(
+            WorkerClass("gpu", 10, 10.0),
+            trainer=TrainerConfig(step_seconds=8.0, publish_seconds=2.0),
+            max_staleness=NEVER_STALE,
+            batch_size=4,
+            group_size=8,
+            duration_seconds=20_000,
+        )
+    )
     assert result.rollouts_per_second == pytest.approx(3.2, rel=0.01)
     assert result.consumed_rollouts_per_second == pytest.approx(3.2, rel=0.01)
     assert result.trainer_busy_fraction == pytest.approx(0.8, rel=0.01)
@@ -80,12 +95,19 @@ def test_sequential_round_time_is_load_plus_generation_plus_step_plus_publish() 
     apply = 2 s), generates (10 s); then the trainer steps (3 s) and publishes (1 s): 16 s per version
     (the first round needs no load: 14 s). 4 workers = batch 4: 4 × 8 rollouts per 16 s = 2 rollouts/s,
     busy 3/16. Polls every 10 ms, so the retry wait is negligible."""
-    result = simulate(config(
-        WorkerClass("gpu", 4, 10.0, download_mbps=10.0, apply_seconds=1.0),
-        trainer=TrainerConfig(step_seconds=3.0, publish_seconds=1.0),
-        mode="Sequential", max_staleness=0, batch_size=4, group_size=8, snapshot_mb=10.0,
-        poll_interval=0.01, duration_seconds=10_000,
-    ))
+    result = simulate(
+        config(
+            WorkerClass("gpu", 4, 10.0, download_mbps=10.0, apply_seconds=1.0),
+            trainer=TrainerConfig(step_seconds=3.0, publish_seconds=1.0),
+            mode="Sequential",
+            max_staleness=0,
+            batch_size=4,
+            group_size=8,
+            snapshot_mb=10.0,
+            poll_interval=0.01,
+            duration_seconds=10_000,
+        )
+    )
     assert result.rollouts_per_second == pytest.approx(2.0, rel=0.005)
     assert result.trainer_busy_fraction == pytest.approx(3.0 / 16.0, rel=0.005)
     assert result.steps == pytest.approx((10_000 - 14) / 16 + 1, abs=1.5)
@@ -98,11 +120,19 @@ def test_sequential_round_time_is_load_plus_generation_plus_step_plus_publish() 
 def test_sequential_waits_for_its_slowest_worker() -> None:
     """A round of 2 tasks leased by a 1 s worker and a 9 s worker lasts 9 s: with polls every 10 ms and no
     snapshot cost, a version takes 9 s + 1 s step."""
-    result = simulate(config(
-        WorkerClass("fast", 1, 1.0), WorkerClass("slow", 1, 9.0), trainer=TrainerConfig(step_seconds=1.0),
-        mode="Sequential", max_staleness=0, batch_size=2, group_size=1, poll_interval=0.01,
-        duration_seconds=1000,
-    ))
+    result = simulate(
+        config(
+            WorkerClass("fast", 1, 1.0),
+            WorkerClass("slow", 1, 9.0),
+            trainer=TrainerConfig(step_seconds=1.0),
+            mode="Sequential",
+            max_staleness=0,
+            batch_size=2,
+            group_size=1,
+            poll_interval=0.01,
+            duration_seconds=1000,
+        )
+    )
     assert result.steps == pytest.approx(1000 / 10.0, abs=1.5)
 
 
@@ -123,7 +153,9 @@ worker_classes = st.lists(
         start_seconds=st.floats(0.0, 30.0),
         overhead_seconds=st.floats(0.0, 0.5),
     ),
-    min_size=1, max_size=3, unique_by=lambda c: c.name,
+    min_size=1,
+    max_size=3,
+    unique_by=lambda c: c.name,
 )
 
 
@@ -135,18 +167,28 @@ def configs(draw: st.DrawFn) -> SimConfig:
     return SimConfig(
         worker_classes=tuple(draw(worker_classes)),
         trainer=TrainerConfig(
-            step_seconds=draw(st.floats(0.5, 20.0)), step_cv=draw(st.floats(0.0, 0.5)),
-            publish_seconds=draw(st.floats(0.0, 3.0)), checkpoint_every=draw(st.integers(0, 5)),
-            checkpoint_seconds=draw(st.floats(0.0, 5.0)), start_seconds=draw(st.floats(0.0, 20.0)),
+            step_seconds=draw(st.floats(0.5, 20.0)),
+            step_cv=draw(st.floats(0.0, 0.5)),
+            publish_seconds=draw(st.floats(0.0, 3.0)),
+            checkpoint_every=draw(st.integers(0, 5)),
+            checkpoint_seconds=draw(st.floats(0.0, 5.0)),
+            start_seconds=draw(st.floats(0.0, 20.0)),
         ),
-        mode=mode, max_staleness=delta, refresh_threshold=draw(st.integers(0, delta)),
+        mode=mode,
+        max_staleness=delta,
+        refresh_threshold=draw(st.integers(0, delta)),
         stale_action=draw(st.sampled_from(["Drop", "ImportanceWeight"])),
-        group_size=draw(st.integers(1, 8)), batch_size=batch,
+        group_size=draw(st.integers(1, 8)),
+        batch_size=batch,
         buffer_size=draw(st.one_of(st.none(), st.integers(batch, 4 * batch + 8))),
-        snapshot_mb=draw(st.floats(0.0, 50.0)), duration_seconds=draw(st.floats(50.0, 900.0)),
-        max_steps=draw(st.one_of(st.none(), st.integers(1, 40))), tail_seconds=draw(st.floats(0.0, 20.0)),
-        lease_timeout=draw(st.floats(6.0, 40.0)), heartbeat_interval=5.0,
-        task_timeout=draw(st.floats(5.0, 120.0)), seed=draw(st.integers(0, 2**16)),
+        snapshot_mb=draw(st.floats(0.0, 50.0)),
+        duration_seconds=draw(st.floats(50.0, 900.0)),
+        max_steps=draw(st.one_of(st.none(), st.integers(1, 40))),
+        tail_seconds=draw(st.floats(0.0, 20.0)),
+        lease_timeout=draw(st.floats(6.0, 40.0)),
+        heartbeat_interval=5.0,
+        task_timeout=draw(st.floats(5.0, 120.0)),
+        seed=draw(st.integers(0, 2**16)),
     )
 
 
@@ -179,8 +221,12 @@ def test_the_same_seed_gives_the_same_result_and_another_seed_another() -> None:
     cfg = config(
         WorkerClass("gpu", 8, 3.0, 0.4, mtbf_hours=0.1, rejoin_seconds=20, download_mbps=10),
         WorkerClass("cpu", 20, 30.0, 0.3, mtbf_hours=0.3, rejoin_seconds=40, download_mbps=2),
-        trainer=TrainerConfig(5.0, 0.2, publish_seconds=1.0), max_staleness=2, batch_size=8, snapshot_mb=20,
-        duration_seconds=3000, seed=7,
+        trainer=TrainerConfig(5.0, 0.2, publish_seconds=1.0),
+        max_staleness=2,
+        batch_size=8,
+        snapshot_mb=20,
+        duration_seconds=3000,
+        seed=7,
     )
     first, second = simulate(cfg).to_mapping(), simulate(cfg).to_mapping()
     other = simulate(cfg.replace(seed=8)).to_mapping()
@@ -193,21 +239,34 @@ def test_the_same_seed_gives_the_same_result_and_another_seed_another() -> None:
 # ---------------------------------------------------------------------------------------- protocol effects
 def test_backpressure_bounds_the_work_in_flight_by_the_buffer_capacity() -> None:
     """100 workers but a buffer of 6: at most 6 tasks are ever outstanding, so utilisation ≤ 6 %."""
-    result = simulate(config(
-        WorkerClass("cpu", 100, 5.0), trainer=TrainerConfig(step_seconds=1.0),
-        max_staleness=NEVER_STALE, batch_size=3, buffer_size=6, duration_seconds=2000,
-    ))
+    result = simulate(
+        config(
+            WorkerClass("cpu", 100, 5.0),
+            trainer=TrainerConfig(step_seconds=1.0),
+            max_staleness=NEVER_STALE,
+            batch_size=3,
+            buffer_size=6,
+            duration_seconds=2000,
+        )
+    )
     assert result.classes["cpu"].utilisation <= 0.06 + 1e-9
     assert result.classes["cpu"].idle_fraction >= 0.94 - 1e-9
     assert_books_balance(result)
 
 
 def test_failed_workers_leases_are_reissued_and_the_work_in_flight_is_lost_not_dropped() -> None:
-    result = simulate(config(
-        WorkerClass("laptop", 20, 20.0, 0.2, mtbf_hours=0.05, rejoin_seconds=30),
-        trainer=TrainerConfig(step_seconds=2.0), max_staleness=NEVER_STALE, batch_size=4, buffer_size=40,
-        lease_timeout=15.0, heartbeat_interval=1.0, duration_seconds=3600,
-    ))
+    result = simulate(
+        config(
+            WorkerClass("laptop", 20, 20.0, 0.2, mtbf_hours=0.05, rejoin_seconds=30),
+            trainer=TrainerConfig(step_seconds=2.0),
+            max_staleness=NEVER_STALE,
+            batch_size=4,
+            buffer_size=40,
+            lease_timeout=15.0,
+            heartbeat_interval=1.0,
+            duration_seconds=3600,
+        )
+    )
     g = result.groups
     assert result.classes["laptop"].failures > 50
     assert g.lost_in_flight > 0
@@ -217,10 +276,16 @@ def test_failed_workers_leases_are_reissued_and_the_work_in_flight_is_lost_not_d
 
 
 def test_a_generation_longer_than_the_task_timeout_is_wasted_and_reissued() -> None:
-    result = simulate(config(
-        WorkerClass("cpu", 2, 100.0), trainer=TrainerConfig(step_seconds=1.0),
-        max_staleness=NEVER_STALE, batch_size=1, task_timeout=60.0, duration_seconds=1000,
-    ))
+    result = simulate(
+        config(
+            WorkerClass("cpu", 2, 100.0),
+            trainer=TrainerConfig(step_seconds=1.0),
+            max_staleness=NEVER_STALE,
+            batch_size=1,
+            task_timeout=60.0,
+            duration_seconds=1000,
+        )
+    )
     g = result.groups
     assert g.consumed == 0 and g.wasted > 0 and g.reissued > 0
     assert_books_balance(result)
@@ -250,8 +315,11 @@ def test_slow_leases_can_hold_a_small_buffer_and_stall_the_trainer() -> None:
     classes = (WorkerClass("fast", 2, 1.0), WorkerClass("slow", 4, 15.0))
     trainer = TrainerConfig(step_seconds=4.0, publish_seconds=1.0)
     small = simulate(config(*classes, trainer=trainer, max_staleness=0, batch_size=2, duration_seconds=2000))
-    large = simulate(config(*classes, trainer=trainer, max_staleness=0, batch_size=2, buffer_size=50,
-                            duration_seconds=2000))
+    large = simulate(
+        config(
+            *classes, trainer=trainer, max_staleness=0, batch_size=2, buffer_size=50, duration_seconds=2000
+        )
+    )
     assert small.classes["slow"].consumed_groups > 0
     assert small.trainer_busy_fraction < 0.9 * large.trainer_busy_fraction
 
@@ -260,9 +328,15 @@ def test_larger_max_staleness_never_lowers_the_busy_fraction_of_a_saturated_swar
     """Enough workers to keep the trainer busy, but the slow ones' groups age by several versions."""
     base = config(
         WorkerClass("fast", 4, 3.0, 0.2, download_mbps=50, apply_seconds=0.2),
-        WorkerClass("slow", 24, 25.0, 0.3, download_mbps=5, apply_seconds=1.0, mtbf_hours=0.5, rejoin_seconds=30),
-        trainer=TrainerConfig(4.0, 0.1, publish_seconds=1.0), batch_size=8, buffer_size=40, snapshot_mb=5,
-        group_size=4, duration_seconds=1500,
+        WorkerClass(
+            "slow", 24, 25.0, 0.3, download_mbps=5, apply_seconds=1.0, mtbf_hours=0.5, rejoin_seconds=30
+        ),
+        trainer=TrainerConfig(4.0, 0.1, publish_seconds=1.0),
+        batch_size=8,
+        buffer_size=40,
+        snapshot_mb=5,
+        group_size=4,
+        duration_seconds=1500,
     )
     points = sim_sweep.sweep(base, max_staleness=[0, 1, 2, 3, 4, 6, 8, 16], seeds=2)
     busy = [p.mean("trainerBusyFraction") for p in points]
@@ -274,12 +348,18 @@ def test_larger_max_staleness_never_lowers_the_busy_fraction_of_a_saturated_swar
 
 
 def test_thousands_of_workers_for_an_hour_simulate_in_seconds() -> None:
-    result = simulate(config(
-        WorkerClass("gpu", 200, 5.0, 0.2, download_mbps=100, capacity=4, batch_scaling=0.2),
-        WorkerClass("laptop", 2000, 90.0, 0.3, download_mbps=10, mtbf_hours=2, rejoin_seconds=300),
-        trainer=TrainerConfig(step_seconds=15.0, publish_seconds=2.0), max_staleness=4, batch_size=256,
-        buffer_size=3000, snapshot_mb=60, duration_seconds=3600,
-    ))
+    result = simulate(
+        config(
+            WorkerClass("gpu", 200, 5.0, 0.2, download_mbps=100, capacity=4, batch_scaling=0.2),
+            WorkerClass("laptop", 2000, 90.0, 0.3, download_mbps=10, mtbf_hours=2, rejoin_seconds=300),
+            trainer=TrainerConfig(step_seconds=15.0, publish_seconds=2.0),
+            max_staleness=4,
+            batch_size=256,
+            buffer_size=3000,
+            snapshot_mb=60,
+            duration_seconds=3600,
+        )
+    )
     assert result.steps > 100
     assert result.wall_seconds < 60  # ~5 s on one idle core; generous for a loaded shared machine
     assert_books_balance(result)

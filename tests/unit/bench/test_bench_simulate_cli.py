@@ -15,10 +15,22 @@ EXAMPLE = str(REPO / "examples" / "simulate" / "heterogeneous.yaml")
 
 def test_sweep_prints_a_table_and_writes_json_and_a_plot(tmp_path: Path) -> None:
     out, plot = tmp_path / "results.json", tmp_path / "sim.png"
-    result = CliRunner().invoke(simulate, [
-        EXAMPLE, "--max-staleness", "0,4", "--pool", "m4pro=0,40", "--duration", "900",
-        "--out", str(out), "--plot", str(plot),
-    ])
+    result = CliRunner().invoke(
+        simulate,
+        [
+            EXAMPLE,
+            "--max-staleness",
+            "0,4",
+            "--pool",
+            "m4pro=0,40",
+            "--duration",
+            "900",
+            "--out",
+            str(out),
+            "--plot",
+            str(plot),
+        ],
+    )
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert lines[0].startswith("Async mode, batch 64 groups × 8, 900 s simulated")
@@ -34,10 +46,22 @@ def test_sweep_prints_a_table_and_writes_json_and_a_plot(tmp_path: Path) -> None
 
 
 def test_seeds_and_scale_and_mode(tmp_path: Path) -> None:
-    result = CliRunner().invoke(simulate, [
-        EXAMPLE, "--scale", "0.5", "--seeds", "2", "--mode", "Sequential", "--duration", "600",
-        "--out", str(tmp_path / "r.json"),
-    ])
+    result = CliRunner().invoke(
+        simulate,
+        [
+            EXAMPLE,
+            "--scale",
+            "0.5",
+            "--seeds",
+            "2",
+            "--mode",
+            "Sequential",
+            "--duration",
+            "600",
+            "--out",
+            str(tmp_path / "r.json"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "Sequential mode" in result.output and "±" in result.output
     point = json.loads((tmp_path / "r.json").read_text())["points"][0]

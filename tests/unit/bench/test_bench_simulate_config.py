@@ -46,18 +46,41 @@ def test_mapping_round_trips_through_json(tmp_path: Path) -> None:
     [
         ({"maxStaleness": -1}, "maxStaleness: must be ≥ 0, got -1"),
         ({"mode": "Lockstep"}, "mode: must be one of Sequential, Async, got 'Lockstep'"),
-        ({"bufferSize": 4, "batchSize": 8}, "bufferSize: must be ≥ 8 (batchSize, or no batch could ever fill), got 4"),
+        (
+            {"bufferSize": 4, "batchSize": 8},
+            "bufferSize: must be ≥ 8 (batchSize, or no batch could ever fill), got 4",
+        ),
         ({"refreshThreshold": 3, "maxStaleness": 1}, "refreshThreshold: must be ≤ maxStaleness (1), got 3"),
         ({"maxStalness": 1}, "maxStalness: unknown key; allowed:"),
-        ({"workerClasses": [{"name": "cpu", "count": 2, "groupSeconds": 0}]},
-         "workerClasses['cpu'].groupSeconds: must be > 0, got 0"),
-        ({"workerClasses": [{"name": "cpu", "count": 2.5, "groupSeconds": 1}]},
-         "workerClasses['cpu'].count: expected an integer, got 2.5"),
-        ({"workerClasses": [{"name": "cpu", "groupSeconds": 1}]}, "workerClasses[0]: missing required key(s) count"),
-        ({"workerClasses": [{"name": "a", "count": 1, "groupSeconds": 1}, {"name": "a", "count": 1, "groupSeconds": 1}]},
-         "workerClasses: names must be unique"),
-        ({"trainer": {"stepSeconds": 1, "publishSeconds": -2}}, "trainer.publishSeconds: must be ≥ 0, got -2"),
-        ({"heartbeatInterval": 40, "leaseTimeout": 30}, "heartbeatInterval (40s) must be shorter than leaseTimeout"),
+        (
+            {"workerClasses": [{"name": "cpu", "count": 2, "groupSeconds": 0}]},
+            "workerClasses['cpu'].groupSeconds: must be > 0, got 0",
+        ),
+        (
+            {"workerClasses": [{"name": "cpu", "count": 2.5, "groupSeconds": 1}]},
+            "workerClasses['cpu'].count: expected an integer, got 2.5",
+        ),
+        (
+            {"workerClasses": [{"name": "cpu", "groupSeconds": 1}]},
+            "workerClasses[0]: missing required key(s) count",
+        ),
+        (
+            {
+                "workerClasses": [
+                    {"name": "a", "count": 1, "groupSeconds": 1},
+                    {"name": "a", "count": 1, "groupSeconds": 1},
+                ]
+            },
+            "workerClasses: names must be unique",
+        ),
+        (
+            {"trainer": {"stepSeconds": 1, "publishSeconds": -2}},
+            "trainer.publishSeconds: must be ≥ 0, got -2",
+        ),
+        (
+            {"heartbeatInterval": 40, "leaseTimeout": 30},
+            "heartbeatInterval (40s) must be shorter than leaseTimeout",
+        ),
     ],
 )
 def test_invalid_values_are_errors_naming_the_key(change: dict[str, object], message: str) -> None:

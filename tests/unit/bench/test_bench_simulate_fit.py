@@ -33,8 +33,14 @@ def test_round_overhead_ignores_rounds_that_waited_for_a_retry() -> None:
 
 def test_fit_pool_by_hand() -> None:
     pool = fit.PoolMeasure(
-        name="cpu", replicas=3, capacity=2, lease_seconds=(2.0, 4.0, 3.0), lease_groups=(1, 2, 1),
-        load_seconds=(1.0, 2.0), round_residuals=(0.1, 0.3, 0.2), joined_at=12.5,
+        name="cpu",
+        replicas=3,
+        capacity=2,
+        lease_seconds=(2.0, 4.0, 3.0),
+        lease_groups=(1, 2, 1),
+        load_seconds=(1.0, 2.0),
+        round_residuals=(0.1, 0.3, 0.2),
+        joined_at=12.5,
     )
     cls = fit.fit_pool(pool)
     # 9 s for 4 groups; per-group times 2, 2, 3: mean 7/3, population std √(2/9) → cv √2/7.
@@ -59,19 +65,26 @@ def test_fit_trainer_by_hand() -> None:
 
 
 def test_joined_at_is_the_last_sample_before_the_pool_appears() -> None:
-    status = [{"time": 1.0, "workers": []}, {"time": 2.0, "workers": [{"pool": "gpu"}]},
-              {"time": 3.0, "workers": [{"pool": "gpu"}, {"pool": "cpu"}]}]
+    status = [
+        {"time": 1.0, "workers": []},
+        {"time": 2.0, "workers": [{"pool": "gpu"}]},
+        {"time": 3.0, "workers": [{"pool": "gpu"}, {"pool": "cpu"}]},
+    ]
     assert fit._joined_at(status, "gpu") == 1.0
     assert fit._joined_at(status, "cpu") == 2.0
     assert fit._joined_at(status, "mac") is None
 
 
 def test_relative_errors_and_their_summary() -> None:
-    errors = fit.relative_errors({"rolloutsPerSecond": 10.0, "trainerBusyFraction": 0.5},
-                                 {"rolloutsPerSecond": 12.0, "trainerBusyFraction": 0.4})
+    errors = fit.relative_errors(
+        {"rolloutsPerSecond": 10.0, "trainerBusyFraction": 0.5},
+        {"rolloutsPerSecond": 12.0, "trainerBusyFraction": 0.4},
+    )
     assert errors == {"rolloutsPerSecond": pytest.approx(0.2), "trainerBusyFraction": pytest.approx(-0.2)}
-    records = [{"relativeError": errors, "withinTolerance": True},
-               {"relativeError": {"rolloutsPerSecond": -0.1, "trainerBusyFraction": None}, "withinTolerance": False}]
+    records = [
+        {"relativeError": errors, "withinTolerance": True},
+        {"relativeError": {"rolloutsPerSecond": -0.1, "trainerBusyFraction": None}, "withinTolerance": False},
+    ]
     summary = fit.summarise_errors(records)
     assert summary["runs"] == 2 and summary["withinTolerance"] == 1
     assert summary["rolloutsPerSecond"]["meanAbsRelativeError"] == pytest.approx(0.15)
@@ -81,23 +94,46 @@ def test_relative_errors_and_their_summary() -> None:
 # ---------------------------------------------------------------------------------------- whole pipeline
 TRUTHS: dict[str, SimConfig] = {
     "async-d0": SimConfig(
-        worker_classes=(WorkerClass("cpu", 2, 1.2, 0.3, apply_seconds=0.8, overhead_seconds=0.05, start_seconds=15.0),),
+        worker_classes=(
+            WorkerClass("cpu", 2, 1.2, 0.3, apply_seconds=0.8, overhead_seconds=0.05, start_seconds=15.0),
+        ),
         trainer=TrainerConfig(step_seconds=1.5, step_cv=0.2, publish_seconds=0.2, start_seconds=17.0),
-        max_staleness=0, batch_size=4, group_size=8, max_steps=40, seed=11,
+        max_staleness=0,
+        batch_size=4,
+        group_size=8,
+        max_steps=40,
+        seed=11,
     ),
     "async-d2-two-pools": SimConfig(
         worker_classes=(
             WorkerClass("torch", 1, 0.8, 0.2, apply_seconds=0.5, overhead_seconds=0.03, start_seconds=12.0),
             WorkerClass("mlx", 1, 2.5, 0.3, apply_seconds=1.5, overhead_seconds=0.03, start_seconds=18.0),
         ),
-        trainer=TrainerConfig(step_seconds=1.0, step_cv=0.3, publish_seconds=0.3, checkpoint_every=10,
-                              checkpoint_seconds=1.0, start_seconds=20.0),
-        max_staleness=2, batch_size=4, group_size=4, max_steps=40, seed=12,
+        trainer=TrainerConfig(
+            step_seconds=1.0,
+            step_cv=0.3,
+            publish_seconds=0.3,
+            checkpoint_every=10,
+            checkpoint_seconds=1.0,
+            start_seconds=20.0,
+        ),
+        max_staleness=2,
+        batch_size=4,
+        group_size=4,
+        max_steps=40,
+        seed=12,
     ),
     "sequential": SimConfig(
-        worker_classes=(WorkerClass("cpu", 2, 1.0, 0.25, apply_seconds=0.7, overhead_seconds=0.02, start_seconds=14.0),),
+        worker_classes=(
+            WorkerClass("cpu", 2, 1.0, 0.25, apply_seconds=0.7, overhead_seconds=0.02, start_seconds=14.0),
+        ),
         trainer=TrainerConfig(step_seconds=1.2, step_cv=0.1, publish_seconds=0.2, start_seconds=16.0),
-        mode="Sequential", max_staleness=0, batch_size=4, group_size=8, max_steps=30, seed=13,
+        mode="Sequential",
+        max_staleness=0,
+        batch_size=4,
+        group_size=8,
+        max_steps=30,
+        seed=13,
     ),
 }
 
@@ -108,7 +144,10 @@ def test_a_synthetic_run_is_predicted_within_a_few_percent(tmp_path: Path, name:
     write_run(tmp_path / name, truth)
     run = fit.read_run(tmp_path / name)
     assert (run.mode, run.max_staleness, run.batch_size, len(run.steps)) == (
-        truth.mode, truth.max_staleness, truth.batch_size, truth.max_steps,
+        truth.mode,
+        truth.max_staleness,
+        truth.batch_size,
+        truth.max_steps,
     )
     fitted = fit.fit(run)
     for cls, true in zip(fitted.config.worker_classes, truth.worker_classes, strict=True):
@@ -127,7 +166,9 @@ def test_the_benchmark_script_writes_its_report(tmp_path: Path, capsys: pytest.C
     for name in ("async-d0", "sequential"):
         write_run(tmp_path / name, TRUTHS[name])
         dirs.append(str(tmp_path / name))
-    spec = importlib.util.spec_from_file_location("simulate_validation", REPO / "benchmarks" / "simulate_validation.py")
+    spec = importlib.util.spec_from_file_location(
+        "simulate_validation", REPO / "benchmarks" / "simulate_validation.py"
+    )
     assert spec is not None and spec.loader is not None
     module: Any = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

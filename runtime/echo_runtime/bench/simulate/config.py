@@ -178,7 +178,9 @@ class SimConfig:
         if self.mode not in MODES:
             raise ConfigError(f"mode: must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.stale_action not in STALE_ACTIONS:
-            raise ConfigError(f"staleAction: must be one of {', '.join(STALE_ACTIONS)}, got {self.stale_action!r}")
+            raise ConfigError(
+                f"staleAction: must be one of {', '.join(STALE_ACTIONS)}, got {self.stale_action!r}"
+            )
         _check_int("maxStaleness", self.max_staleness, 0)
         _check_int("refreshThreshold", self.refresh_threshold, 0)
         if self.refresh_threshold > self.max_staleness:
@@ -188,7 +190,9 @@ class SimConfig:
         _check_int("groupSize", self.group_size, 1)
         _check_int("batchSize", self.batch_size, 1)
         if self.buffer_size is not None:
-            _check_int("bufferSize", self.buffer_size, self.batch_size, why="batchSize, or no batch could ever fill")
+            _check_int(
+                "bufferSize", self.buffer_size, self.batch_size, why="batchSize, or no batch could ever fill"
+            )
         _check_float("snapshotMB", self.snapshot_mb, 0.0)
         _check_float("durationSeconds", self.duration_seconds, 0.0, exclusive=True)
         if self.max_steps is not None:
@@ -211,7 +215,9 @@ class SimConfig:
     @property
     def policy(self) -> staleness.StalenessPolicy:
         """The coordinator's staleness policy for these settings."""
-        return staleness.StalenessPolicy(self.mode, self.max_staleness, self.stale_action, self.refresh_threshold)
+        return staleness.StalenessPolicy(
+            self.mode, self.max_staleness, self.stale_action, self.refresh_threshold
+        )
 
     @property
     def buffer_capacity(self) -> int:
@@ -234,7 +240,9 @@ class SimConfig:
 
     def with_max_staleness(self, max_staleness: int) -> SimConfig:
         """This job with Δmax changed (Sequential's refresh threshold is clamped to stay ≤ Δmax)."""
-        return self.replace(max_staleness=max_staleness, refresh_threshold=min(self.refresh_threshold, max_staleness))
+        return self.replace(
+            max_staleness=max_staleness, refresh_threshold=min(self.refresh_threshold, max_staleness)
+        )
 
     def with_pools(self, counts: Mapping[str, int]) -> SimConfig:
         """This job with the named classes' worker counts changed."""
@@ -244,14 +252,17 @@ class SimConfig:
                 f"pool {unknown[0]!r} is not a worker class; classes: {', '.join(c.name for c in self.worker_classes)}"
             )
         classes = tuple(
-            dataclasses.replace(c, count=counts[c.name]) if c.name in counts else c for c in self.worker_classes
+            dataclasses.replace(c, count=counts[c.name]) if c.name in counts else c
+            for c in self.worker_classes
         )
         return self.replace(worker_classes=classes)
 
     def scaled(self, factor: float) -> SimConfig:
         """Every pool's size multiplied by ``factor`` (rounded, at least 1 where it was at least 1)."""
         _check_float("scale", factor, 0.0, exclusive=True)
-        return self.with_pools({c.name: max(1 if c.count else 0, round(c.count * factor)) for c in self.worker_classes})
+        return self.with_pools(
+            {c.name: max(1 if c.count else 0, round(c.count * factor)) for c in self.worker_classes}
+        )
 
     # ------------------------------------------------------------------------------ (de)serialisation
     def to_mapping(self) -> dict[str, Any]:
@@ -294,7 +305,9 @@ def _from_mapping(cls: type[C], data: object, where: str, nested: Mapping[str, A
         return cls(**kwargs)
     except TypeError as exc:
         missing = [k for k, f in fields.items() if f.name not in kwargs and _required(f)]
-        raise ConfigError(f"{where or 'configuration'}: missing required key(s) {', '.join(missing)}") from exc
+        raise ConfigError(
+            f"{where or 'configuration'}: missing required key(s) {', '.join(missing)}"
+        ) from exc
 
 
 def _required(field: dataclasses.Field[Any]) -> bool:
@@ -326,7 +339,9 @@ def load_config(path: str | Path) -> SimConfig:
     try:
         data = json.loads(text) if source.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{source}: not valid {'JSON' if source.suffix == '.json' else 'YAML'}: {exc}") from exc
+        raise ConfigError(
+            f"{source}: not valid {'JSON' if source.suffix == '.json' else 'YAML'}: {exc}"
+        ) from exc
     try:
         return config_from_mapping(data)
     except ConfigError as exc:

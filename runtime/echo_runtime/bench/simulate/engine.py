@@ -52,7 +52,9 @@ from echo_runtime.bench.simulate.config import SimConfig, WorkerClass
 from echo_runtime.coordinator import buffer, staleness
 
 # Event kinds (small ints: the heap compares tuples, and dispatch indexes a list).
-_JOIN, _POLL, _LOAD_DONE, _GEN_DONE, _FAIL, _RELEASE, _DEADLINE, _TRAINER_START, _STEP_DONE, _PUBLISH_DONE = range(10)
+_JOIN, _POLL, _LOAD_DONE, _GEN_DONE, _FAIL, _RELEASE, _DEADLINE, _TRAINER_START, _STEP_DONE, _PUBLISH_DONE = (
+    range(10)
+)
 
 # Worker states.
 _OFF, _IDLE, _POLLING, _LOADING, _GENERATING, _DEAD = range(6)
@@ -62,8 +64,19 @@ _EPS = 1e-9
 
 class _Worker:
     __slots__ = (
-        "alive_since", "cls", "id", "inc", "key", "last_poll", "load_version", "loaded", "phase", "since",
-        "state", "tasks", "version",
+        "alive_since",
+        "cls",
+        "id",
+        "inc",
+        "key",
+        "last_poll",
+        "load_version",
+        "loaded",
+        "phase",
+        "since",
+        "state",
+        "tasks",
+        "version",
     )
 
     def __init__(self, wid: int, cls: int) -> None:
@@ -99,7 +112,9 @@ class Simulator:
         self._heap: list[tuple[float, int, int, int, int]] = []
         self._seq = itertools.count()
         self._task_ids = itertools.count(1)
-        self.ledger: buffer.TaskLedger[None, int] = buffer.TaskLedger(0 if self.sequential else config.buffer_capacity)
+        self.ledger: buffer.TaskLedger[None, int] = buffer.TaskLedger(
+            0 if self.sequential else config.buffer_capacity
+        )
         self.t_train = 0
         self.published = 0
         self.round_open = False
@@ -127,8 +142,16 @@ class Simulator:
         self.accept_times: list[float] = []
         self.trace = results.Trace() if trace else None
         self._handlers = (
-            self._on_join, self._on_poll, self._on_load_done, self._on_gen_done, self._on_fail, self._on_release,
-            self._on_deadline, self._on_trainer_start, self._on_step_done, self._on_publish_done,
+            self._on_join,
+            self._on_poll,
+            self._on_load_done,
+            self._on_gen_done,
+            self._on_fail,
+            self._on_release,
+            self._on_deadline,
+            self._on_trainer_start,
+            self._on_step_done,
+            self._on_publish_done,
         )
 
     # ------------------------------------------------------------------------------ event queue
@@ -192,7 +215,9 @@ class Simulator:
         seconds = self._draw(cls.lease_seconds(len(w.tasks)), cls.group_cv) + cls.overhead_seconds
         w.state, w.since, w.version = _GENERATING, self.now, w.loaded
         self._push(self.now + seconds, _GEN_DONE, w.id, w.inc)
-        if seconds > self.cfg.task_timeout:  # the coordinator re-issues it at its first sweep after the deadline
+        if (
+            seconds > self.cfg.task_timeout
+        ):  # the coordinator re-issues it at its first sweep after the deadline
             sweep = self.now + self.cfg.task_timeout + self.rng.uniform(0.0, self.cfg.expire_interval)
             self._push(sweep, _DEADLINE)
 
@@ -452,9 +477,19 @@ class Simulator:
         ledger = self.ledger
         ledger.check()
         return results.build(
-            self.cfg, c, self.histogram, self.accept_times, end=end, events=events, wall=wall,
-            pending=ledger.pending, leased=ledger.leased, buffered=ledger.buffered,
-            created=ledger.created, ledger_consumed=ledger.consumed, ledger_dropped=ledger.dropped,
+            self.cfg,
+            c,
+            self.histogram,
+            self.accept_times,
+            end=end,
+            events=events,
+            wall=wall,
+            pending=ledger.pending,
+            leased=ledger.leased,
+            buffered=ledger.buffered,
+            created=ledger.created,
+            ledger_consumed=ledger.consumed,
+            ledger_dropped=ledger.dropped,
             trace=self.trace,
         )
 

@@ -142,8 +142,13 @@ def fit_pool(pool: PoolMeasure) -> WorkerClass:
     _, cv = mean_cv(per_group)
     apply = statistics.fmean(pool.load_seconds) if pool.load_seconds else 0.0
     return WorkerClass(
-        name=pool.name, count=pool.replicas, group_seconds=group_seconds, group_cv=cv,
-        apply_seconds=apply, capacity=pool.capacity, batch_scaling=1.0,
+        name=pool.name,
+        count=pool.replicas,
+        group_seconds=group_seconds,
+        group_cv=cv,
+        apply_seconds=apply,
+        capacity=pool.capacity,
+        batch_scaling=1.0,
         overhead_seconds=round_overhead(pool.round_residuals),
         start_seconds=max(0.0, pool.joined_at or 0.0),
     )
@@ -155,7 +160,8 @@ def fit_trainer(steps: Sequence[StepMeasure], checkpoint_interval: int) -> Train
     step, cv = mean_cv([s.step_seconds for s in steps])
     checkpoints = [s.checkpoint_seconds for s in steps if s.checkpoint_seconds > 0]
     return TrainerConfig(
-        step_seconds=step, step_cv=cv,
+        step_seconds=step,
+        step_cv=cv,
         publish_seconds=statistics.fmean(s.publish_seconds for s in steps),
         checkpoint_every=checkpoint_interval if checkpoints else 0,
         checkpoint_seconds=statistics.fmean(checkpoints) if checkpoints else 0.0,
@@ -172,13 +178,22 @@ def fit(run: MeasuredRun, seed: int = 0) -> FittedRun:
     linger = max(0.0, last_status - last_step)
     after = max(0.0, run.wall_seconds - max(last_status, last_step))
     config = SimConfig(
-        worker_classes=classes, trainer=trainer, mode=run.mode,  # type: ignore[arg-type]
-        max_staleness=run.max_staleness, refresh_threshold=run.refresh_threshold,
+        worker_classes=classes,
+        trainer=trainer,
+        mode=run.mode,  # type: ignore[arg-type]
+        max_staleness=run.max_staleness,
+        refresh_threshold=run.refresh_threshold,
         stale_action=run.stale_action,  # type: ignore[arg-type]
-        group_size=run.group_size, batch_size=run.batch_size, buffer_size=run.buffer_size,
+        group_size=run.group_size,
+        batch_size=run.batch_size,
+        buffer_size=run.buffer_size,
         snapshot_mb=0.0,  # the measured load time already includes the (local) download
-        duration_seconds=max(3600.0, 20.0 * run.wall_seconds), max_steps=len(run.steps),
-        tail_seconds=linger, lease_timeout=LEASE_TIMEOUT, heartbeat_interval=HEARTBEAT_INTERVAL, seed=seed,
+        duration_seconds=max(3600.0, 20.0 * run.wall_seconds),
+        max_steps=len(run.steps),
+        tail_seconds=linger,
+        lease_timeout=LEASE_TIMEOUT,
+        heartbeat_interval=HEARTBEAT_INTERVAL,
+        seed=seed,
     )
     started = max(0.0, run.status_times[0] - HEARTBEAT_INTERVAL) if run.status_times else 0.0
     return FittedRun(config, after, run.status_times, started)
@@ -206,7 +221,9 @@ def predict_once(fitted: FittedRun, seed: int) -> dict[str, float]:
     # The runner samples the rate until the trainer process exits: the end of the simulated tail.
     period = _median_step(fitted.status_times)
     first = fitted.status_times[0] if fitted.status_times else 0.0
-    samples = np.arange(first, result.seconds + 1e-9, period) if result.seconds >= first else np.array([first])
+    samples = (
+        np.arange(first, result.seconds + 1e-9, period) if result.seconds >= first else np.array([first])
+    )
     rates = results.windowed_rate(
         result.accept_times, fitted.config.group_size, samples, started=fitted.status_started
     )
@@ -281,12 +298,21 @@ def read_run(directory: str | Path) -> MeasuredRun:
     status = [r for r in records if r.get("kind") == "status"]
     trainer = [r for r in records if r.get("kind") == "trainer"]
     if not trainer:
-        raise RunError(f"{root / 'metrics.jsonl'}: no `kind: trainer` records (did any optimizer step finish?)")
+        raise RunError(
+            f"{root / 'metrics.jsonl'}: no `kind: trainer` records (did any optimizer step finish?)"
+        )
     steps = tuple(_step(r, t0) for r in trainer)
     algo, sync = job.spec.algorithm, job.sync_policy
     pools = tuple(
-        _pool(root, name, pool.replicas if pool.replicas is not None else 1, pool.capacity, status, summary,
-              algo.group_size)
+        _pool(
+            root,
+            name,
+            pool.replicas if pool.replicas is not None else 1,
+            pool.capacity,
+            status,
+            summary,
+            algo.group_size,
+        )
         for name, pool in job.inference_pools
         if not pool.external
     )
@@ -295,13 +321,22 @@ def read_run(directory: str | Path) -> MeasuredRun:
     if missing:
         raise RunError(f"{root / 'summary.json'}: no {', '.join(missing)}")
     return MeasuredRun(
-        name=root.name, mode=sync.mode, max_staleness=sync.max_staleness,
-        refresh_threshold=sync.refresh_threshold, stale_action=sync.stale_action,
-        group_size=algo.group_size, batch_size=algo.batch_size, buffer_size=sync.buffer_size,
-        checkpoint_interval=job.training_swarm.checkpoint_interval, pools=pools, steps=steps,
+        name=root.name,
+        mode=sync.mode,
+        max_staleness=sync.max_staleness,
+        refresh_threshold=sync.refresh_threshold,
+        stale_action=sync.stale_action,
+        group_size=algo.group_size,
+        batch_size=algo.batch_size,
+        buffer_size=sync.buffer_size,
+        checkpoint_interval=job.training_swarm.checkpoint_interval,
+        pools=pools,
+        steps=steps,
         status_times=tuple(float(r["time"]) for r in status if "time" in r),
         status_rates=tuple(float(r.get("rolloutsPerSecond") or 0.0) for r in status if "time" in r),
-        wall_seconds=float(summary.get("wallClockSeconds") or max(float(r.get("time", 0.0)) for r in records)),
+        wall_seconds=float(
+            summary.get("wallClockSeconds") or max(float(r.get("time", 0.0)) for r in records)
+        ),
         measured=measured,
     )
 
@@ -318,7 +353,11 @@ def _step(record: Mapping[str, Any], t0: float | None) -> StepMeasure:
     unix = record.get("unixTime")
     # unixTime is stamped when the step's record is written (after publish and checkpoint); the runner's
     # own ``time`` is when it noticed the record (up to one status interval later).
-    ended = float(unix) - t0 if isinstance(unix, int | float) and t0 is not None else float(record.get("time", 0.0))
+    ended = (
+        float(unix) - t0
+        if isinstance(unix, int | float) and t0 is not None
+        else float(record.get("time", 0.0))
+    )
     return StepMeasure(
         step_seconds=float(record.get("stepSeconds") or 0.0),
         publish_seconds=float(record.get("publishSeconds") or 0.0),
@@ -365,8 +404,14 @@ def _pool(
             seconds.append(float(timing.get("sampleSeconds") or 0.0))
             groups.append(max(1, round(float(timing["rollouts"]) / group_size)))
     return PoolMeasure(
-        name=name, replicas=replicas, capacity=capacity, lease_seconds=tuple(seconds), lease_groups=tuple(groups),
-        load_seconds=tuple(loads), round_residuals=tuple(residuals), joined_at=_joined_at(status, name),
+        name=name,
+        replicas=replicas,
+        capacity=capacity,
+        lease_seconds=tuple(seconds),
+        lease_groups=tuple(groups),
+        load_seconds=tuple(loads),
+        round_residuals=tuple(residuals),
+        joined_at=_joined_at(status, name),
     )
 
 
@@ -389,7 +434,10 @@ def _joined_at(status: Sequence[Mapping[str, Any]], pool: str) -> float | None:
 
 def summarise_errors(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Across validated runs: mean and max absolute relative error per target, and how many passed."""
-    out: dict[str, Any] = {"runs": len(records), "withinTolerance": sum(bool(r["withinTolerance"]) for r in records)}
+    out: dict[str, Any] = {
+        "runs": len(records),
+        "withinTolerance": sum(bool(r["withinTolerance"]) for r in records),
+    }
     for key in TARGETS:
         errors = [abs(r["relativeError"][key]) for r in records if r["relativeError"].get(key) is not None]
         out[key] = {
@@ -397,6 +445,9 @@ def summarise_errors(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "maxAbsRelativeError": max(errors) if errors else None,
         }
     out["allFinite"] = all(
-        math.isfinite(r["relativeError"][k]) for r in records for k in TARGETS if r["relativeError"].get(k) is not None
+        math.isfinite(r["relativeError"][k])
+        for r in records
+        for k in TARGETS
+        if r["relativeError"].get(k) is not None
     )
     return out

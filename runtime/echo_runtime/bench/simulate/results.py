@@ -57,9 +57,15 @@ class Counters:
     @classmethod
     def zero(cls, classes: int) -> Counters:
         return cls(
-            gen_seconds=[0.0] * classes, load_seconds=[0.0] * classes, alive_seconds=[0.0] * classes,
-            lost_seconds=[0.0] * classes, generated=[0] * classes, accepted=[0] * classes,
-            consumed=[0] * classes, loads=[0] * classes, failures=[0] * classes,
+            gen_seconds=[0.0] * classes,
+            load_seconds=[0.0] * classes,
+            alive_seconds=[0.0] * classes,
+            lost_seconds=[0.0] * classes,
+            generated=[0] * classes,
+            accepted=[0] * classes,
+            consumed=[0] * classes,
+            loads=[0] * classes,
+            failures=[0] * classes,
         )
 
 
@@ -107,12 +113,21 @@ class GroupCounts:
 
     def to_mapping(self) -> dict[str, int]:
         return {
-            "created": self.created, "generated": self.generated, "accepted": self.accepted,
-            "consumed": self.consumed, "droppedStale": self.dropped_stale,
-            "droppedOnArrival": self.dropped_on_arrival, "droppedInBuffer": self.dropped_in_buffer,
-            "wasted": self.wasted, "lostInFlight": self.lost_in_flight, "reissued": self.reissued,
-            "weightedStale": self.weighted, "pendingAtEnd": self.pending, "leasedAtEnd": self.leased,
-            "bufferedAtEnd": self.buffered, "droppedTotal": self.dropped_total,
+            "created": self.created,
+            "generated": self.generated,
+            "accepted": self.accepted,
+            "consumed": self.consumed,
+            "droppedStale": self.dropped_stale,
+            "droppedOnArrival": self.dropped_on_arrival,
+            "droppedInBuffer": self.dropped_in_buffer,
+            "wasted": self.wasted,
+            "lostInFlight": self.lost_in_flight,
+            "reissued": self.reissued,
+            "weightedStale": self.weighted,
+            "pendingAtEnd": self.pending,
+            "leasedAtEnd": self.leased,
+            "bufferedAtEnd": self.buffered,
+            "droppedTotal": self.dropped_total,
         }
 
 
@@ -135,9 +150,15 @@ class ClassStats:
 
     def to_mapping(self) -> dict[str, Any]:
         return {
-            "workers": self.workers, "utilisation": self.utilisation, "loadFraction": self.load_fraction,
-            "idleFraction": self.idle_fraction, "groups": self.groups, "consumedGroups": self.consumed_groups,
-            "rolloutsPerSecond": self.rollouts_per_second, "loads": self.loads, "failures": self.failures,
+            "workers": self.workers,
+            "utilisation": self.utilisation,
+            "loadFraction": self.load_fraction,
+            "idleFraction": self.idle_fraction,
+            "groups": self.groups,
+            "consumedGroups": self.consumed_groups,
+            "rolloutsPerSecond": self.rollouts_per_second,
+            "loads": self.loads,
+            "failures": self.failures,
             "lostSeconds": self.lost_seconds,
         }
 
@@ -220,10 +241,19 @@ def build(
     """Assemble a :class:`SimResult` from the engine's counters (and check the books balance)."""
     n = config.group_size
     groups = GroupCounts(
-        created=created, generated=sum(c.generated), accepted=sum(c.accepted), consumed=sum(c.consumed),
-        dropped_on_arrival=c.dropped_on_arrival, dropped_in_buffer=c.dropped_in_buffer, wasted=c.wasted,
-        lost_in_flight=c.lost_in_flight, reissued=c.reissued, weighted=c.weighted,
-        pending=pending, leased=leased, buffered=buffered,
+        created=created,
+        generated=sum(c.generated),
+        accepted=sum(c.accepted),
+        consumed=sum(c.consumed),
+        dropped_on_arrival=c.dropped_on_arrival,
+        dropped_in_buffer=c.dropped_in_buffer,
+        wasted=c.wasted,
+        lost_in_flight=c.lost_in_flight,
+        reissued=c.reissued,
+        weighted=c.weighted,
+        pending=pending,
+        leased=leased,
+        buffered=buffered,
     )
     # The ledger and the engine count the same things two ways: they must agree.
     assert ledger_consumed == groups.consumed, (ledger_consumed, groups.consumed)
@@ -235,10 +265,15 @@ def build(
         alive = c.alive_seconds[i]
         util, load = _ratio(c.gen_seconds[i], alive), _ratio(c.load_seconds[i], alive)
         classes[cls.name] = ClassStats(
-            workers=cls.count, utilisation=util, load_fraction=load,
+            workers=cls.count,
+            utilisation=util,
+            load_fraction=load,
             idle_fraction=max(0.0, 1.0 - util - load) if alive > 0 else 0.0,
-            groups=c.generated[i], consumed_groups=c.consumed[i],
-            rollouts_per_second=_ratio(c.accepted[i] * n, end), loads=c.loads[i], failures=c.failures[i],
+            groups=c.generated[i],
+            consumed_groups=c.consumed[i],
+            rollouts_per_second=_ratio(c.accepted[i] * n, end),
+            loads=c.loads[i],
+            failures=c.failures[i],
             lost_seconds=c.lost_seconds[i],
         )
     return SimResult(

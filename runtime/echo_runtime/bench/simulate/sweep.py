@@ -101,23 +101,36 @@ def sweep(
 
 def table(points: Sequence[SweepPoint]) -> str:
     """A plain-text table of the sweep (one row per point)."""
-    header = ["Δmax", "pools", "buffer", "rollouts/s", "consumed/s", "busy", "steps/h", "stale", "dropped",
-              "egress MB/s", "utilisation"]
+    header = [
+        "Δmax",
+        "pools",
+        "buffer",
+        "rollouts/s",
+        "consumed/s",
+        "busy",
+        "steps/h",
+        "stale",
+        "dropped",
+        "egress MB/s",
+        "utilisation",
+    ]
     rows = [header]
     for p in points:
-        rows.append([
-            str(p.max_staleness),
-            " ".join(f"{k}={v}" for k, v in p.pools.items()),
-            str(p.buffer_size),
-            _pm(p, "rolloutsPerSecond", "{:.1f}"),
-            _pm(p, "consumedRolloutsPerSecond", "{:.1f}"),
-            _pm(p, "trainerBusyFraction", "{:.3f}"),
-            _pm(p, "stepsPerHour", "{:.0f}"),
-            f"{p.mean('meanStaleness'):.2f}",
-            f"{100 * p.mean('droppedFraction'):.1f}%",
-            f"{p.mean('snapshotEgressMBps'):.0f}",
-            " ".join(f"{k}:{v:.2f}" for k, v in p.utilisation().items()),
-        ])
+        rows.append(
+            [
+                str(p.max_staleness),
+                " ".join(f"{k}={v}" for k, v in p.pools.items()),
+                str(p.buffer_size),
+                _pm(p, "rolloutsPerSecond", "{:.1f}"),
+                _pm(p, "consumedRolloutsPerSecond", "{:.1f}"),
+                _pm(p, "trainerBusyFraction", "{:.3f}"),
+                _pm(p, "stepsPerHour", "{:.0f}"),
+                f"{p.mean('meanStaleness'):.2f}",
+                f"{100 * p.mean('droppedFraction'):.1f}%",
+                f"{p.mean('snapshotEgressMBps'):.0f}",
+                " ".join(f"{k}:{v:.2f}" for k, v in p.utilisation().items()),
+            ]
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -152,8 +165,12 @@ def plot(points: Sequence[SweepPoint], out: Path, title: str = "echorl simulate"
         for name, pts in series.items():
             pts = sorted(pts, key=lambda p: p.max_staleness)
             ax.errorbar(
-                [p.max_staleness for p in pts], [p.mean(metric) for p in pts],
-                yerr=[p.std(metric) for p in pts], marker="o", capsize=3, label=name,
+                [p.max_staleness for p in pts],
+                [p.mean(metric) for p in pts],
+                yerr=[p.std(metric) for p in pts],
+                marker="o",
+                capsize=3,
+                label=name,
             )
         ax.set_xlabel("Δmax (maxStaleness)")
         ax.set_ylabel(label)
