@@ -2,14 +2,23 @@
 
 Each subcommand lives in its own module under ``echo_runtime.cli`` and is registered here, so the
 parts of the project (models, snapshots, coordinator, ...) own their own command-line surface.
-Commands that later work fills in say so and exit non-zero: none of them pretends to work.
+Importing this module imports no ML framework: each command imports what it needs when it runs.
 """
 
 from __future__ import annotations
 
 import click
 
+from echo_runtime.cli import bench as bench_cmd
+from echo_runtime.cli import coordinator as coordinator_cmd
+from echo_runtime.cli import model as model_cmd
+from echo_runtime.cli import operator_cmd
+from echo_runtime.cli import run as run_cmd
+from echo_runtime.cli import simulate as simulate_cmd
+from echo_runtime.cli import snapshots as snapshots_cmd
+from echo_runtime.cli import trainer as trainer_cmd
 from echo_runtime.cli import validate as validate_cmd
+from echo_runtime.cli import worker as worker_cmd
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -19,24 +28,12 @@ def main() -> None:
 
 
 main.add_command(validate_cmd.validate)
-
-
-def _not_available(name: str, summary: str) -> click.Command:
-    @click.command(
-        name=name, help=f"{summary} (not available yet).", context_settings={"ignore_unknown_options": True}
-    )
-    @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-    def command(args: tuple[str, ...]) -> None:
-        raise click.ClickException(f"`echorl {name}` is not available yet in this version of echorl.")
-
-    return command
-
-
-for _name, _summary in [
-    ("run", "Run an EchoJob locally: coordinator, workers and trainer as processes"),
-    ("worker", "Run an inference worker that joins a coordinator"),
-    ("trainer", "Run the GRPO trainer"),
-    ("coordinator", "Run the coordinator service of one job"),
-    ("bench", "Benchmarks: sync modes, backend fidelity"),
-]:
-    main.add_command(_not_available(_name, _summary))
+main.add_command(model_cmd.model)
+main.add_command(snapshots_cmd.snapshots)
+main.add_command(coordinator_cmd.coordinator)
+main.add_command(worker_cmd.worker)
+main.add_command(trainer_cmd.trainer)
+main.add_command(run_cmd.run)
+main.add_command(operator_cmd.operator)
+main.add_command(bench_cmd.bench)
+main.add_command(simulate_cmd.simulate)

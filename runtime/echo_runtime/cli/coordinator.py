@@ -1,0 +1,101 @@
+"""``echorl coordinator --job job.yaml``: run the coordinator service of one job."""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from echo_runtime import spec
+
+
+@click.command()
+@click.option(
+    "--job",
+    "job_path",
+    required=True,
+    type=click.Path(dir_okay=False, exists=True),
+    help="The EchoJob manifest (with any objects it references).",
+)
+@click.option("--name", default=None, help="Which EchoJob, if the file holds several.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8700, show_default=True, type=click.IntRange(0, 65535))
+@click.option(
+    "--tokens-file",
+    required=True,
+    type=click.Path(dir_okay=False, exists=True),
+    help="YAML/JSON: {trainer: TOKEN, pools: {POOL: TOKEN}}; values may be sha256:<hex>.",
+)
+@click.option(
+    "--vocab-size",
+    type=click.IntRange(1),
+    default=None,
+    help="Vocabulary size for token-id checks (default: read from the job's model).",
+)
+@click.option(
+    "--lease-timeout",
+    type=click.FloatRange(min=0.1),
+    default=30.0,
+    show_default=True,
+    help="Seconds of silence after which a worker loses its leases.",
+)
+@click.option(
+    "--heartbeat-interval",
+    type=click.FloatRange(min=0.05),
+    default=5.0,
+    show_default=True,
+    help="Seconds between worker heartbeats (told to workers).",
+)
+@click.option(
+    "--task-timeout",
+    type=click.FloatRange(min=0.1),
+    default=600.0,
+    show_default=True,
+    help="Seconds after which a lease is re-issued even if its worker is alive.",
+)
+@click.option(
+    "--no-store",
+    is_flag=True,
+    help="Start at t_train 0 without reading the snapshot store (tests, benchmarks).",
+)
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
+def coordinator(
+    job_path: str,
+    name: str | None,
+    host: str,
+    port: int,
+    tokens_file: str,
+    vocab_size: int | None,
+    lease_timeout: float,
+    heartbeat_interval: float,
+    task_timeout: float,
+    no_store: bool,
+    log_level: str,
+) -> None:
+    """Run the coordinator of one EchoJob: leases, replay buffer, both sync protocols and the Δmax bound.
+
+    Serves HTTP (OpenAPI schema at /openapi.json, status at /v1/status, Prometheus at /metrics).
+    On start it recovers t_train from the job's snapshot store; see docs/coordinator.md.
+    """
+    from echo_runtime.coordinator import api, auth, service
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        job = spec.load_job(job_path, name)
+        tokens = auth.TokenStore.load(tokens_file)
+        store = None if no_store else service.open_store(job)
+        vocab = vocab_size if vocab_size is not None else service.model_vocab_size(job)
+        svc = service.build(
+            job,
+            tokens,
+            vocab_size=vocab,
+            store=store,
+            lease_timeout=lease_timeout,
+            heartbeat_interval=heartbeat_interval,
+            task_timeout=task_timeout,
+        )
+    except (spec.ManifestError, auth.TokenError, service.SetupError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    service.serve(
+        api.create_app(svc), host, port, log_level=log_level, keep_alive=max(75.0, 3 * heartbeat_interval)
+    )

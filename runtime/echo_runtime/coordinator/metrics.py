@@ -1,0 +1,129 @@
+"""Prometheus metrics of one coordinator (``GET /metrics``), read from the state at scrape time.
+
+Nothing is updated on the request path except the rejection counter: a custom collector reads the
+state machine's counters when Prometheus scrapes, so heartbeats and submissions pay nothing for
+metrics. Every metric is prefixed ``echorl_coordinator_`` and labelled with the ``job``.
+
+The staleness histogram is exported as a Prometheus histogram over the integer staleness of consumed
+groups; ``..._max_observed_staleness`` never exceeds ``..._max_staleness`` (the product's promise).
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from echo_runtime.coordinator import state as state_mod
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_INDEX = re.compile(r"\[\d+\]")
+_PREFIX = "echorl_coordinator_"
+
+
+class Rejections:
+    """Count of rejected requests by HTTP status, code and field (indices folded: ``rollouts[].tokenIds``)."""
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter[tuple[int, str, str]] = collections.Counter()
+
+    def add(self, status: int, code: str, field: str) -> None:
+        self.counts[(status, code, _INDEX.sub("[]", field)[:80])] += 1
+
+
+class StateCollector(Collector):
+    """Exports a :class:`~.state.CoordinatorState` and a :class:`Rejections` in Prometheus format."""
+
+    def __init__(self, state: state_mod.CoordinatorState, rejections: Rejections) -> None:
+        self.state = state
+        self.rejections = rejections
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily]:
+        s, job = self.state, self.state.config.job
+        ledger = s.ledger
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(_PREFIX + name, doc, labels=["job"])
+            g.add_metric([job], value)
+            return g
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            c = CounterMetricFamily(_PREFIX + name, doc, labels=["job"])
+            c.add_metric([job], value)
+            return c
+
+        yield gauge("policy_version", "t_train: the newest version the trainer announced.", s.t_train)
+        yield gauge(
+            "max_staleness", "Δmax (maxStaleness) of the job's sync policy.", s.config.policy.max_staleness
+        )
+        yield gauge(
+            "max_observed_staleness",
+            "Largest staleness of any consumed group (-1 before the first batch).",
+            -1 if s.max_observed_staleness is None else s.max_observed_staleness,
+        )
+        yield gauge("buffer_groups", "Complete groups in the replay buffer.", ledger.buffered)
+        yield gauge(
+            "buffer_capacity",
+            "Capacity of the replay buffer (Sequential: the current round).",
+            ledger.capacity,
+        )
+        yield gauge("tasks_pending", "Tasks waiting to be leased.", ledger.pending)
+        yield gauge("tasks_leased", "Tasks leased to workers.", ledger.leased)
+        yield counter("tasks_created", "Tasks created (prompts drawn).", ledger.created)
+        yield counter(
+            "tasks_reissued", "Leases that expired or were released; their tasks went back.", ledger.reissued
+        )
+        yield counter("groups_consumed", "Groups handed to the trainer.", s.consumed_groups)
+        yield counter(
+            "groups_dropped_stale", "Groups dropped because they would break the bound.", s.dropped_stale
+        )
+        yield counter("groups_weighted_stale", "Groups consumed with importance weights.", s.weighted_stale)
+        yield counter("rollouts_accepted", "Rollouts accepted into the buffer.", s.accepted_rollouts)
+        yield counter("batches", "Batches handed to the trainer.", s.batches)
+        yield counter("workers_expired", "Workers forgotten after missing heartbeats.", s.workers_expired)
+        if s.last_reward is not None:
+            yield gauge("reward", "Mean verified reward of the last batch.", s.last_reward)
+
+        workers = GaugeMetricFamily(
+            _PREFIX + "workers", "Registered workers per pool.", labels=["job", "pool"]
+        )
+        per_pool = collections.Counter(w.pool for w in s.workers.values())
+        for pool in sorted(set(s.config.pools) | set(per_pool)):
+            workers.add_metric([job, pool], per_pool[pool])
+        yield workers
+
+        hist = HistogramMetricFamily(
+            _PREFIX + "staleness", "Staleness of consumed groups (t_train - policy version).", labels=["job"]
+        )
+        bound = max(s.config.policy.max_staleness, max(s.staleness_histogram, default=0))
+        buckets, running = [], 0
+        for k in range(bound + 1):
+            running += s.staleness_histogram.get(k, 0)
+            buckets.append((str(float(k)), running))
+        buckets.append(("+Inf", running))
+        total = sum(k * v for k, v in s.staleness_histogram.items())
+        hist.add_metric([job], buckets, total)
+        yield hist
+
+        rejected = CounterMetricFamily(
+            _PREFIX + "requests_rejected",
+            "Rejected requests by status, code and field.",
+            labels=["job", "status", "code", "field"],
+        )
+        for (status, code, field), n in sorted(self.rejections.counts.items()):
+            rejected.add_metric([job, str(status), code, field], n)
+        yield rejected
+
+
+def registry_for(state: state_mod.CoordinatorState, rejections: Rejections) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StateCollector(state, rejections))
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)

@@ -1,0 +1,207 @@
+"""Running a coordinator: job file → state → HTTP service (uvicorn, one process, one event loop).
+
+Restart semantics (docs/coordinator.md): the coordinator keeps nothing on disk of its own. On start it
+reads ``t_train`` from the snapshot store (the newest published version; 0 for a fresh job), so policy
+versions never go back and the Δmax bound keeps holding across a restart. What a restart loses is only
+in memory and regenerable: the replay buffer, open leases (late submissions for them are rejected; the
+prompts are drawn again), worker registrations (workers re-register by themselves when they get
+``unknown_worker``) and the status counters. It never loses a published snapshot, a trainer checkpoint
+or a consumed batch's effect, all of which live in the store and the trainer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import importlib
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+import uvicorn
+
+from echo_runtime.coordinator import api, auth, config, state
+from echo_runtime.spec import ResolvedJob
+from echo_runtime.tasks import base as tasks_base
+
+log = logging.getLogger("echorl.coordinator")
+
+
+class VersionSource(Protocol):
+    """The one thing the coordinator asks the snapshot store: the newest published version."""
+
+    def latest_version(self) -> int | None: ...
+
+
+class SetupError(RuntimeError):
+    """The coordinator cannot start; the message says what to fix."""
+
+
+def recover_version(store: VersionSource | None) -> int:
+    """``t_train`` to start from: the store's newest published version, or 0."""
+    if store is None:
+        return 0
+    try:
+        latest = store.latest_version()
+    except Exception as exc:  # the store's own errors say what is wrong (unreachable, credentials)
+        raise SetupError(f"cannot read the newest version from the snapshot store: {exc}") from exc
+    return 0 if latest is None else int(latest)
+
+
+def open_store(job: ResolvedJob) -> VersionSource:
+    """The job's snapshot store (``echo_runtime.snapshots``)."""
+    from echo_runtime import snapshots
+
+    try:
+        return snapshots.open_store(job.spec.storage, job.name)
+    except (ValueError, snapshots.SnapshotError) as exc:
+        raise SetupError(f"cannot open the snapshot store of job {job.name!r}: {exc}") from exc
+
+
+def model_vocab_size(job: ResolvedJob) -> int:
+    """The vocabulary size of the job's model (its ``config.json``), resolving the model if needed."""
+    try:
+        # Imported by name: it pulls in torch and transformers, which only this fallback needs.
+        models_load = importlib.import_module("echo_runtime.models.load")
+        path = Path(models_load.resolve_spec(job.spec.model, job.spec.task))
+        config = json.loads((path / "config.json").read_text())
+        return int(config["vocab_size"])
+    except Exception as exc:
+        raise SetupError(
+            f"cannot read the vocabulary size of model {job.spec.model.path!r} ({exc}); "
+            "pass --vocab-size N to set it"
+        ) from exc
+
+
+def build(
+    job: ResolvedJob,
+    tokens: auth.TokenStore,
+    *,
+    vocab_size: int,
+    store: VersionSource | None,
+    task: tasks_base.Task | None = None,
+    lease_timeout: float = 30.0,
+    heartbeat_interval: float = 5.0,
+    task_timeout: float = 600.0,
+) -> api.Service:
+    """A ready-to-serve coordinator for ``job`` (``t_train`` recovered from ``store``)."""
+    missing = tokens.missing_pools(name for name, _ in job.inference_pools)
+    if missing:
+        raise SetupError(f"tokens: no join token for pool(s) {', '.join(missing)}")
+    try:
+        settings = config.CoordinatorConfig.from_job(
+            job,
+            vocab_size=vocab_size,
+            lease_timeout=lease_timeout,
+            heartbeat_interval=heartbeat_interval,
+            task_timeout=task_timeout,
+        )
+    except ValueError as exc:
+        raise SetupError(str(exc)) from exc
+    if task is None:
+        from echo_runtime import tasks
+
+        try:
+            task = tasks.get_task(job.spec.task.name, job.spec.task.options)
+        except ValueError as exc:
+            raise SetupError(f"spec.task: {exc}") from exc
+    t_train = recover_version(store)
+    coordinator = state.CoordinatorState(settings, task, now=time.monotonic(), t_train=t_train)
+    log.info(
+        "job %s: %s mode, Δmax %d, t_train %d (%s)",
+        settings.job,
+        settings.policy.mode,
+        settings.policy.max_staleness,
+        t_train,
+        "from the snapshot store" if store is not None else "no store",
+    )
+    return api.Service(coordinator, tokens)
+
+
+class _CoalescingTransport:
+    """Forwards to an asyncio transport, but gathers the writes of one loop iteration into one send.
+
+    An ASGI response arrives as two messages (head, body) and uvicorn writes each at once: two
+    ``send`` calls and two wake-ups of the client per response. Joining them halves that, which
+    matters at thousands of small replies per second on two cores."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._chunks: list[bytes] = []
+        self._scheduled = False
+
+    def write(self, data: bytes) -> None:
+        if not data:
+            return
+        self._chunks.append(bytes(data))
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        if self._chunks:
+            data = b"".join(self._chunks)
+            self._chunks.clear()
+            if not self._transport.is_closing():
+                self._transport.write(data)
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+def http_protocol() -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol (httptools if installed, else h11) with coalesced writes."""
+    base: type[Any]
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+        base = HttpToolsProtocol
+    except ImportError:
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+
+        base = H11Protocol
+
+    class Coalescing(base):  # type: ignore[misc]  # base is chosen at run time
+        def connection_made(self, transport: asyncio.Transport) -> None:
+            super().connection_made(_CoalescingTransport(transport, asyncio.get_running_loop()))
+
+    Coalescing.__name__ = f"Coalescing{base.__name__}"
+    return Coalescing
+
+
+def tune_gc() -> None:
+    """Keep the garbage collector's pauses out of the request latency (process-wide: call it only in a
+    process that is nothing but a coordinator).
+
+    Measured with 1000 heartbeating workers and 2,000 rollouts/s on two cores: full (generation 2)
+    collections traversed every object of the imported libraries and paused the event loop for up to
+    ~90 ms, several times in ten seconds, which set the p99. Freezing what exists after start-up takes
+    those ~60k objects out of every collection, and larger thresholds make full collections rare; the
+    p99 of a submission dropped from ~20 ms to ~9 ms and the longest pause from ~110 ms to ~30 ms."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 50, 50)
+
+
+def serve(app: Any, host: str, port: int, *, log_level: str = "info", keep_alive: float = 75.0) -> None:
+    """Serve the ASGI ``app`` until SIGINT/SIGTERM (tuning the GC first: :func:`tune_gc`)."""
+    tune_gc()
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=False,
+        timeout_keep_alive=int(keep_alive),
+        lifespan="on",
+        http=http_protocol(),
+    )
+    uvicorn.Server(config).run()

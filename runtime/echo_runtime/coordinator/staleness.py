@@ -1,0 +1,133 @@
+"""The staleness rule: may a group be consumed at a trainer version, and how. One pure function.
+
+Definitions (DESIGN.md): a rollout produced by policy version ``v`` and consumed by the optimizer step
+that turns ``t`` into ``t+1`` has *staleness* ``t - v``. A group's version is the *oldest* version of its
+rollouts, so the group's staleness is the largest of its rollouts'. ``maxStaleness`` (Δmax) bounds it.
+
+:func:`admit` is the only place this rule lives. The coordinator calls it when a group arrives, when a
+new version is announced and when it assembles a batch; the trainer calls it again on every group it
+receives; the property tests call it as the oracle. Promises:
+
+* ``admit(v, t, p).consume`` implies ``0 <= t - v <= p.bound <= p.max_staleness``: nothing consumed ever
+  has staleness above Δmax, in either mode and with either stale action. The bound is absolute.
+* The bound is Δmax in ``Async`` mode and the refresh threshold in ``Sequential`` mode (the versions a
+  sequential batch permits, ``t - refreshThreshold .. t``; the spec guarantees refreshThreshold ≤ Δmax).
+* Monotone: once a group is refused as stale at ``t`` it is refused at every ``t' > t``, so the
+  coordinator may drop it for good.
+* ``staleAction: ImportanceWeight`` never widens the window; it marks the consumed groups that are
+  off-policy (staleness > 0) as ``importance_weighted``, telling the trainer to apply truncated
+  importance weights (capped at ``importanceWeightCap``) and the coordinator to count them in
+  ``weightedStale``. With ``Drop`` they are consumed as they are (the PPO ratio to the behaviour
+  log-probs still applies). Groups beyond the bound are dropped and counted in ``droppedStale`` with
+  either action.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal, Protocol
+
+Mode = Literal["Sequential", "Async"]
+"""The modes with a coordinator. A ``Colocated`` spec (one process samples and trains, no coordinator)
+becomes ``Sequential`` with refresh threshold 0 in :meth:`StalenessPolicy.from_spec`: staleness 0 only."""
+SpecMode = Literal["Sequential", "Async", "Colocated"]
+StaleAction = Literal["Drop", "ImportanceWeight"]
+Verdict = Literal["fresh", "weighted", "stale", "future"]
+
+
+class SyncPolicyLike(Protocol):
+    """The fields of :class:`echo_runtime.spec.SyncPolicySpec` the rule reads."""
+
+    @property
+    def mode(self) -> SpecMode: ...
+
+    @property
+    def max_staleness(self) -> int: ...
+
+    @property
+    def stale_action(self) -> StaleAction: ...
+
+    @property
+    def refresh_threshold(self) -> int: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class StalenessPolicy:
+    """The staleness parameters of a sync policy (a frozen copy of the SyncPolicySpec fields)."""
+
+    mode: Mode = "Async"
+    max_staleness: int = 1
+    stale_action: StaleAction = "Drop"
+    refresh_threshold: int = 0
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("Sequential", "Async"):
+            raise ValueError(f"mode: must be Sequential or Async, got {self.mode!r}")
+        if self.max_staleness < 0:
+            raise ValueError(f"maxStaleness: must be ≥ 0, got {self.max_staleness}")
+        if not 0 <= self.refresh_threshold <= self.max_staleness:
+            raise ValueError(
+                f"refreshThreshold: must be in 0..maxStaleness ({self.max_staleness}), got {self.refresh_threshold}"
+            )
+
+    @classmethod
+    def from_spec(cls, spec: SyncPolicyLike) -> StalenessPolicy:
+        """The policy of a ``SyncPolicySpec`` (or anything with the same four fields). ``Colocated`` is
+        ``Sequential`` with refresh threshold 0: every consumed rollout has staleness 0."""
+        if spec.mode == "Colocated":
+            return cls("Sequential", spec.max_staleness, spec.stale_action, 0)
+        return cls(spec.mode, spec.max_staleness, spec.stale_action, spec.refresh_threshold)
+
+    @property
+    def bound(self) -> int:
+        """The largest staleness a consumed group may have: Δmax (Async) or refreshThreshold (Sequential)."""
+        return self.refresh_threshold if self.mode == "Sequential" else self.max_staleness
+
+    def min_version(self, t_train: int) -> int:
+        """The oldest policy version whose groups can still be consumed at ``t_train``."""
+        return max(0, t_train - self.bound)
+
+
+@dataclasses.dataclass(frozen=True)
+class Admission:
+    """The verdict on one group at one trainer version."""
+
+    consume: bool
+    """True if an optimizer step at this version may consume the group."""
+    staleness: int
+    """``t_train - group_version`` (negative for a version from the future)."""
+    importance_weighted: bool
+    """True if the trainer must apply truncated importance weights (ImportanceWeight, staleness > 0)."""
+    verdict: Verdict
+    """``fresh`` or ``weighted`` (consumed), ``stale`` (beyond the bound: drop and count), or
+    ``future`` (a version the trainer has not reached: never consumable at this ``t_train``)."""
+    reason: str
+    """Why, in words, for logs and error messages."""
+
+
+def admit(group_version: int, t_train: int, policy: StalenessPolicy) -> Admission:
+    """Decide whether a group of ``group_version`` may be consumed by the step ``t_train -> t_train+1``."""
+    staleness = t_train - group_version
+    if staleness < 0:
+        return Admission(
+            False,
+            staleness,
+            False,
+            "future",
+            f"policy version {group_version} is newer than the trainer's version {t_train}",
+        )
+    bound = policy.bound
+    if staleness > bound:
+        what = "refreshThreshold" if policy.mode == "Sequential" else "maxStaleness"
+        return Admission(
+            False,
+            staleness,
+            False,
+            "stale",
+            f"staleness {staleness} (version {group_version} at trainer version {t_train}) exceeds {what} {bound}",
+        )
+    if policy.stale_action == "ImportanceWeight" and staleness > 0:
+        return Admission(
+            True, staleness, True, "weighted", f"staleness {staleness} ≤ {bound}: importance-weighted"
+        )
+    return Admission(True, staleness, False, "fresh", f"staleness {staleness} ≤ {bound}")

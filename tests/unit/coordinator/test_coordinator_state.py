@@ -1,0 +1,368 @@
+"""The coordinator's state machine (coordinator.state): both protocols, validation, leases, status."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import re
+from pathlib import Path
+
+import pydantic
+import pytest
+from coordinator_helpers import config, group, make_state, register, rollout
+
+from echo_runtime.coordinator import service, state, wire
+
+CONTRACTS = Path(__file__).resolve().parents[3] / "docs" / "contracts.md"
+
+
+def lease_one(s: state.CoordinatorState, worker: str, now: float = 0.0) -> wire.TaskOut:
+    reply = s.lease(worker, 1, now)
+    assert reply.tasks, reply
+    return reply.tasks[0]
+
+
+def snapshot(s: state.CoordinatorState) -> tuple[int, ...]:
+    ledger = s.ledger
+    return (
+        ledger.created,
+        ledger.pending,
+        ledger.leased,
+        ledger.buffered,
+        ledger.consumed,
+        ledger.dropped,
+        s.dropped_stale,
+        s.accepted_rollouts,
+        s.t_train,
+    )
+
+
+# ------------------------------------------------------------------------------------------- async
+def test_async_backpressure_pauses_leasing_until_the_trainer_pulls() -> None:
+    s = make_state(config(capacity=4, batch_size=2))
+    w = register(s)
+    tasks = s.lease(w, 10, 0.0).tasks
+    assert len(tasks) == 4  # worker capacity 4, buffer capacity 4
+    paused = s.lease(w, 1, 0.0)
+    assert paused.tasks == [] and paused.retry_after_seconds
+    for task in tasks:
+        assert s.submit(w, task.task_id, group(s, task, 0), 1.0).outcome == "buffered"
+    assert s.lease(w, 1, 1.0).tasks == []  # buffer full: still paused
+    batch = s.pull_batch(0, 2.0)
+    assert batch.ready and len(batch.groups) == 2
+    assert [g.task_id for g in batch.groups] == [t.task_id for t in tasks[:2]]
+    assert len(s.lease(w, 10, 2.0).tasks) == 2  # room for two again
+    assert s.status(2.0, 0.0).buffer.groups == 2
+
+
+def test_rewards_are_recomputed_by_the_verifier() -> None:
+    s = make_state()
+    w = register(s)
+    task = lease_one(s, w)
+    reply = s.submit(w, task.task_id, group(s, task, 0), 0.0)
+    assert reply.rewards == [1.0, 0.0]  # "x" is not an integer: the worker could not claim otherwise
+
+
+def test_announce_drops_groups_that_became_too_stale() -> None:
+    s = make_state(config(max_staleness=1))
+    w = register(s)
+    task = lease_one(s, w)
+    s.submit(w, task.task_id, group(s, task, 0), 0.0)
+    assert s.announce(1).dropped_stale == 0  # staleness 1 ≤ Δmax
+    assert s.announce(2).dropped_stale == 1
+    assert s.dropped_stale == 1 and s.ledger.buffered == 0
+
+
+def test_a_group_too_stale_on_arrival_is_dropped_and_counted() -> None:
+    s = make_state(config(max_staleness=1))
+    w = register(s)
+    task = lease_one(s, w)
+    s.announce(3)
+    reply = s.submit(w, task.task_id, group(s, task, 1), 0.0)
+    assert reply.outcome == "dropped" and reply.staleness == 2 and "exceeds maxStaleness 1" in reply.reason
+    assert s.dropped_stale == 1 and s.ledger.dropped == 1
+
+
+def test_workers_are_told_to_load_when_they_would_break_the_bound() -> None:
+    s = make_state(config(max_staleness=1))
+    w = register(s)
+    assert s.heartbeat(w, wire.HeartbeatRequest(loaded_version=None), 0.0).load_version == 0
+    assert s.heartbeat(w, wire.HeartbeatRequest(loaded_version=0), 0.0).load_version is None
+    s.announce(1)
+    assert s.heartbeat(w, wire.HeartbeatRequest(loaded_version=0), 0.0).load_version is None  # 1 - 0 ≤ Δmax
+    s.announce(2)
+    reply = s.heartbeat(w, wire.HeartbeatRequest(loaded_version=0), 1.0)
+    assert (reply.load_version, reply.min_version, reply.policy_version) == (2, 1, 2)
+    assert s.lease(w, 1, 1.0).load_version == 2
+    assert not s.status(5.0, 0.0).workers[0].stuck
+    s.heartbeat(w, wire.HeartbeatRequest(loaded_version=0), 12.0)
+    assert s.status(12.0, 0.0).workers[0].stuck  # told at t=1, lease timeout 10 s
+    s.heartbeat(w, wire.HeartbeatRequest(loaded_version=2), 13.0)
+    assert not s.status(13.0, 0.0).workers[0].stuck
+
+
+def test_importance_weighted_groups_are_flagged_and_counted() -> None:
+    s = make_state(config(max_staleness=2, action="ImportanceWeight", batch_size=2))
+    w = register(s)
+    s.announce(1)
+    for version in (0, 1):
+        task = lease_one(s, w)
+        s.submit(w, task.task_id, group(s, task, version), 0.0)
+    batch = s.pull_batch(1, 0.0)
+    assert [(g.staleness, g.importance_weighted) for g in batch.groups] == [(1, True), (0, False)]
+    assert s.weighted_stale == 1
+    status = s.status(0.0, 0.0)
+    assert status.staleness_histogram == {"0": 1, "1": 1} and status.max_observed_staleness == 1
+
+
+def test_the_trainer_asking_ahead_moves_t_train_but_not_the_loadable_version() -> None:
+    s = make_state(config(max_staleness=1))
+    w = register(s)
+    s.pull_batch(3, 0.0)  # the trainer publishes every few steps
+    assert (s.t_train, s.published) == (3, 0)
+    reply = s.heartbeat(w, wire.HeartbeatRequest(loaded_version=0), 0.0)
+    assert reply.load_version is None and reply.min_version == 2  # nothing newer to load
+    assert not s.status(100.0, 0.0).workers[0].stuck
+
+
+# ------------------------------------------------------------------------------------------- sequential
+def test_sequential_round() -> None:
+    s = make_state(config("Sequential", max_staleness=1, refresh=0, batch_size=2))
+    w = register(s)
+    assert s.lease(w, 4, 0.0).tasks == []  # nothing until the trainer asks
+    s.announce(1)
+    assert not s.pull_batch(1, 0.0).ready
+    tasks = s.lease(w, 4, 0.0).tasks
+    assert len(tasks) == 2 and {t.min_version for t in tasks} == {1}
+    s.submit(w, tasks[0].task_id, group(s, tasks[0], 1), 0.0)
+    assert s.submit(w, tasks[1].task_id, group(s, tasks[1], 0), 0.0).outcome == "dropped"  # not permitted
+    assert not s.pull_batch(1, 0.0).ready
+    again = s.lease(w, 4, 0.0).tasks
+    assert len(again) == 1  # a fresh task replaces the dropped one
+    s.submit(w, again[0].task_id, group(s, again[0], 1), 0.0)
+    batch = s.pull_batch(1, 0.0)
+    assert batch.ready and {g.policy_version for g in batch.groups} == {1}
+    assert s.lease(w, 4, 0.0).tasks == []  # the round closed
+
+
+def test_sequential_refresh_threshold_permits_a_recent_version() -> None:
+    s = make_state(config("Sequential", max_staleness=2, refresh=1, batch_size=1))
+    w = register(s)
+    s.announce(5)
+    s.pull_batch(5, 0.0)
+    task = lease_one(s, w)
+    assert task.min_version == 4
+    assert s.heartbeat(w, wire.HeartbeatRequest(loaded_version=4), 0.0).load_version is None
+    assert s.heartbeat(w, wire.HeartbeatRequest(loaded_version=3), 0.0).load_version == 5
+    s.submit(w, task.task_id, group(s, task, 4), 0.0)
+    batch = s.pull_batch(5, 0.0)
+    assert batch.ready and batch.groups[0].staleness == 1
+
+
+# ------------------------------------------------------------------------------------------- validation
+def bad_group(s: state.CoordinatorState, task: wire.TaskOut, **change: object) -> wire.SubmitRequest:
+    req = group(s, task, 0)
+    first = req.rollouts[0].model_copy(update=change)
+    return wire.SubmitRequest(rollouts=[first, *req.rollouts[1:]])
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "words"),
+    [
+        ({"token_ids": list(range(9)), "logprobs": [-1.0] * 9}, "rollouts[0].tokenIds", "maxNewTokens"),
+        ({"logprobs": [-1.0]}, "rollouts[0].logprobs", "one log-prob per token"),
+        ({"token_ids": [1, 100, 2]}, "rollouts[0].tokenIds[1]", "outside the vocabulary"),
+        ({"policy_version": 1}, "rollouts[0].policyVersion", "never published"),
+        ({"logprobs": [-1.0, math.nan, -1.0]}, "rollouts[0].logprobs", "finite"),
+    ],
+)
+def test_invalid_groups_are_rejected_naming_the_field(
+    change: dict[str, object], field: str, words: str
+) -> None:
+    s = make_state()
+    w = register(s)
+    task = lease_one(s, w)
+    before = snapshot(s)
+    with pytest.raises(state.Rejected) as caught:
+        s.submit(w, task.task_id, bad_group(s, task, **change), 0.0)
+    assert (caught.value.status, caught.value.field) == (422, field)
+    assert words in caught.value.message
+    assert snapshot(s) == before
+    assert s.submit(w, task.task_id, group(s, task, 0), 0.0).outcome == "buffered"  # the lease still holds
+
+
+def test_group_size_and_leases_are_enforced() -> None:
+    s = make_state()
+    w1, w2 = register(s), register(s)
+    task = lease_one(s, w1)
+    full = group(s, task, 0)
+    with pytest.raises(state.Rejected, match="exactly 2 rollouts") as caught:
+        s.submit(w1, task.task_id, wire.SubmitRequest(rollouts=full.rollouts[:1]), 0.0)
+    assert caught.value.field == "rollouts"
+    with pytest.raises(state.Rejected) as caught:
+        s.submit(w2, task.task_id, full, 0.0)
+    assert (caught.value.status, caught.value.code) == (409, "lease_not_held")
+    with pytest.raises(state.Rejected):
+        s.submit(w1, "no-such-task", full, 0.0)
+    with pytest.raises(state.Rejected) as caught:
+        s.submit("w-unknown", task.task_id, full, 0.0)
+    assert (caught.value.status, caught.value.code) == (404, "unknown_worker")
+
+
+def test_wire_models_refuse_positive_or_non_finite_logprobs() -> None:
+    base = rollout(0).model_dump(by_alias=True)
+    for bad in ([0.5, -1.0, -1.0], ["NaN", -1.0, -1.0], [-1.0, "-Infinity", -1.0]):
+        with pytest.raises(pydantic.ValidationError) as caught:
+            wire.RolloutIn.model_validate_json(json.dumps({**base, "logprobs": bad}))
+        assert caught.value.errors()[0]["loc"][0] == "logprobs"
+    with pytest.raises(pydantic.ValidationError):
+        wire.RolloutIn.model_validate({**base, "reward": 1.0})  # the worker's reward is not accepted
+
+
+def test_heartbeat_with_an_unpublished_version_is_rejected() -> None:
+    s = make_state()
+    w = register(s)
+    with pytest.raises(state.Rejected) as caught:
+        s.heartbeat(w, wire.HeartbeatRequest(loaded_version=3), 0.0)
+    assert caught.value.field == "loadedVersion"
+
+
+def test_a_worker_cannot_hold_more_than_its_pools_capacity() -> None:
+    s = make_state(config(capacity=8, pool_capacity={"cpu": 2}))
+    w = register(s, capacity=100)
+    assert s.workers[w].capacity == 2
+    assert len(s.lease(w, 10, 0.0).tasks) == 2
+
+
+def test_unknown_pool_is_rejected() -> None:
+    s = make_state()
+    with pytest.raises(state.Rejected) as caught:
+        register(s, pool="gpu")
+    assert caught.value.field == "pool" and "cpu" in caught.value.message
+
+
+# ------------------------------------------------------------------------------------------- leases
+def test_repeated_submission_is_a_duplicate_and_a_late_one_is_rejected() -> None:
+    s = make_state()
+    w1 = register(s, now=0.0)
+    task = lease_one(s, w1)
+    assert s.submit(w1, task.task_id, group(s, task, 0), 1.0).outcome == "buffered"
+    assert s.submit(w1, task.task_id, group(s, task, 0), 1.0).outcome == "duplicate"
+    assert s.ledger.buffered == 1
+    late = lease_one(s, w1, now=1.0)
+    w2 = register(s, now=5.0)
+    s.heartbeat(w2, wire.HeartbeatRequest(loaded_version=0), 12.0)
+    dead, released = s.expire(12.0)  # w1 silent since t=1, lease timeout 10 s
+    assert dead == [w1] and released == 1
+    assert lease_one(s, w2, now=12.0).task_id == late.task_id  # re-issued to another worker
+    with pytest.raises(state.Rejected) as caught:
+        s.submit(w1, late.task_id, group(s, late, 0), 13.0)
+    assert caught.value.code == "unknown_worker"
+    assert s.submit(w2, late.task_id, group(s, late, 0), 13.0).outcome == "buffered"
+
+
+def test_a_hung_lease_is_reissued_after_the_task_timeout() -> None:
+    s = make_state()
+    w1, w2 = register(s), register(s)
+    task = lease_one(s, w1)
+    for now in (5.0, 30.0, 55.0):
+        s.heartbeat(w1, wire.HeartbeatRequest(loaded_version=0), now)
+        s.heartbeat(w2, wire.HeartbeatRequest(loaded_version=0), now)
+        s.expire(now)
+    assert s.ledger.lease_of(task.task_id) is not None
+    s.heartbeat(w1, wire.HeartbeatRequest(loaded_version=0), 61.0)
+    s.heartbeat(w2, wire.HeartbeatRequest(loaded_version=0), 61.0)
+    assert s.expire(61.0) == ([], 1)
+    assert lease_one(s, w2, 61.0).task_id == task.task_id
+
+
+def test_leave_releases_leases_at_once() -> None:
+    s = make_state()
+    w = register(s)
+    s.lease(w, 3, 0.0)
+    assert s.leave(w).released_tasks == 3
+    assert s.ledger.pending == 3 and not s.workers
+
+
+# ------------------------------------------------------------------------------------------- trainer
+def test_batches_are_retried_safely_and_versions_never_go_back() -> None:
+    s = make_state(config(batch_size=1))
+    w = register(s)
+    task = lease_one(s, w)
+    s.submit(w, task.task_id, group(s, task, 0), 0.0)
+    first = s.pull_batch(0, 0.0)
+    assert first.ready
+    assert s.pull_batch(0, 0.0) is first  # the reply was lost: same batch again
+    assert s.consumed_groups == 1
+    s.announce(2)
+    with pytest.raises(state.Rejected) as caught:
+        s.pull_batch(1, 0.0)
+    assert (caught.value.status, caught.value.field) == (409, "version")
+    with pytest.raises(state.Rejected):
+        s.announce(1)
+    assert s.announce(2).policy_version == 2  # repeating an announcement is harmless
+
+
+# ------------------------------------------------------------------------------------------- status
+def contract_example() -> dict[str, object]:
+    text = CONTRACTS.read_text()
+    match = re.search(r"GET /v1/status.*?```json\n(.*?)```", text, re.S)
+    assert match, "docs/contracts.md has no status example"
+    example: dict[str, object] = json.loads(match.group(1))
+    return example
+
+
+def keys(value: object, prefix: str = "") -> set[str]:
+    if isinstance(value, dict):
+        out = set()
+        for k, v in value.items():
+            name = "*" if k.isdigit() or prefix.endswith(("pools", "stalenessHistogram")) else k
+            out |= {f"{prefix}.{name}"} | keys(v, f"{prefix}.{name}")
+        return out
+    if isinstance(value, list):
+        return set().union(*(keys(v, f"{prefix}[]") for v in value)) if value else set()
+    return set()
+
+
+def test_status_document_has_exactly_the_contract_keys() -> None:
+    s = make_state(config(batch_size=1))
+    w = register(s)
+    s.heartbeat(w, wire.HeartbeatRequest(loaded_version=0), 0.0)
+    task = lease_one(s, w)
+    s.submit(w, task.task_id, group(s, task, 0), 0.0)
+    s.pull_batch(0, 0.0)
+    doc = json.loads(s.status(1.0, 1_800_000_000.0).model_dump_json(by_alias=True))
+    assert keys(doc) == keys(contract_example())
+    assert doc["workers"][0]["lastHeartbeat"].endswith("Z") and doc["pools"]["cpu"] == {
+        "workers": 1,
+        "minLoadedVersion": 0,
+    }
+    assert doc["reward"] == 0.5 and doc["rolloutsPerSecond"] > 0
+
+
+class FakeStore:
+    def __init__(self, latest: int | None) -> None:
+        self.latest = latest
+
+    def latest_version(self) -> int | None:
+        return self.latest
+
+
+def test_restart_recovers_t_train_and_resumes_the_prompt_stream() -> None:
+    assert service.recover_version(FakeStore(None)) == 0
+    assert service.recover_version(None) == 0
+    t = service.recover_version(FakeStore(7))
+    restarted = make_state(config(batch_size=2), t_train=t)
+    assert (restarted.t_train, restarted.published) == (7, 7)
+    assert restarted.status(0.0, 0.0).policy_version == 7
+    # The prompt stream resumes past the 7 batches of 2 groups already consumed.
+    stream = list(itertools.islice(restarted.task.prompts("train", 0), 15))
+    assert lease_one(restarted, register(restarted)).prompt == stream[14].prompt
+
+
+def test_config_checks() -> None:
+    with pytest.raises(ValueError, match="bufferSize"):
+        config(capacity=1, batch_size=2)
+    with pytest.raises(ValueError, match="heartbeatInterval"):
+        config(heartbeat_interval=20.0)
