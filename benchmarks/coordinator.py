@@ -1,25 +1,29 @@
 """Coordinator ingest benchmark: group submissions/s and latency while 1, 100 or 1000 workers heartbeat.
 
-Starts a real coordinator process (``python -m echo_runtime.coordinator``, Async mode, group size 8,
-32 tokens per rollout) on loopback and drives it from this process:
+For each worker count a fresh coordinator process is started (``python -m echo_runtime.coordinator``,
+Async mode, group size 8, 32 tokens per rollout, batch 64, buffer 512, Δmax 4) on loopback and driven
+from this process:
 
 * N simulated workers register and each heartbeats once a second on its own keep-alive connection
   (phases spread uniformly over the second);
-* K submitter loops lease one task for one of the workers, build its group (8 rollouts: token ids,
+* submitter loops lease one task for a random worker, build its group (8 rollouts: token ids,
   log-probs, the correct answer as completion, the worker's loaded version) and submit it;
 * a trainer loop pulls batches (long-poll) and announces a new version after each, so versions move,
-  workers are told to load and the staleness rule runs for real.
+  workers are told to load, and the staleness rule drops what gets too stale (counted).
 
-Two phases per worker count: ``saturate`` (submitters as fast as the coordinator answers) and
-``paced`` (submissions offered at the target rate, 2,000 rollouts/s, open loop, so the latency is
-not inflated by our own queueing). Coordinator CPU comes from ``/proc/<pid>/stat``.
+Two phases per worker count, 10 s each after a warm-up: ``saturate`` (8 submitters, each as fast as the
+coordinator answers) and ``paced`` (2,000 rollouts/s offered open-loop to 32 submitters, so latency is
+measured at the target rate). Reported per phase: buffered rollouts/s, heartbeats/s, p50/p99 latency of
+submissions, leases and heartbeats, the coordinator's CPU (``/proc/<pid>/stat``) per 1000 rollouts and
+the load generator's own CPU. The target: ≥ 2,000 rollouts/s with submission p99 < 50 ms at 1000 workers.
 
 The load generator writes HTTP/1.1 by hand on asyncio streams instead of using
-:mod:`echo_runtime.coordinator.client`: both processes share this machine's two cores, and httpx's
-per-request cost would otherwise be measured instead of the coordinator's. The bodies are exactly
-what the client sends (the same wire models' JSON).
+:mod:`echo_runtime.coordinator.client`: both processes share the machine's two cores, and httpx's
+per-request cost would otherwise be measured instead of the coordinator's. The bodies are what the
+client sends (the same wire format). On a machine shared with other work, ``--renice -10`` (root) gives
+both processes priority over the neighbours; the load average before and after is recorded.
 
-    python benchmarks/coordinator.py            # ~2 minutes; writes benchmarks/results/coordinator.json
+    python benchmarks/coordinator.py            # ~1.5 minutes; writes benchmarks/results/coordinator.json
     python benchmarks/coordinator.py --quick    # ~30 seconds
 """
 
@@ -28,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import platform
@@ -153,6 +158,13 @@ def percentile(values: list[float], q: float) -> float | None:
         return None
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000.0
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds all processes on the machine have used (from ``/proc/stat``)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -312,6 +324,8 @@ async def run_phase(
 ) -> dict[str, Any]:
     load = Load(port, workers)
     await load.register()
+    gc.collect()
+    gc.freeze()  # the generator's own start-up objects stay out of its collections
     tasks = [asyncio.create_task(load.heartbeats(w, i / max(1, workers))) for i, w in enumerate(load.workers)]
     tasks.append(asyncio.create_task(load.trainer()))
     pace: asyncio.Queue[None] | None = None
@@ -320,12 +334,18 @@ async def run_phase(
         tasks.append(asyncio.create_task(load.pacer(pace, TARGET_ROLLOUTS_PER_S / GROUP_SIZE)))
     tasks += [asyncio.create_task(load.submitter(pace)) for _ in range(submitters)]
     await asyncio.sleep(1.5)  # warm up: every worker has heartbeated once
-    cpu0, own0, t0 = cpu_seconds(pid), cpu_seconds(os.getpid()), time.perf_counter()
+    cpu0, own0, busy0, t0 = (
+        cpu_seconds(pid),
+        cpu_seconds(os.getpid()),
+        machine_busy_seconds(),
+        time.perf_counter(),
+    )
     load.stats.recording = True
     await asyncio.sleep(seconds)
     load.stats.recording = False
     elapsed, cpu = time.perf_counter() - t0, cpu_seconds(pid) - cpu0
     own = cpu_seconds(os.getpid()) - own0
+    others = max(0.0, machine_busy_seconds() - busy0 - cpu - own)
     load.stop.set()
     await asyncio.gather(*tasks, return_exceptions=True)
     # Leave cleanly so the next phase starts with an empty worker table.
@@ -347,6 +367,7 @@ async def run_phase(
         "errors": s.errors,
         "coordinatorCpuFraction": round(cpu / elapsed, 3),
         "loadGeneratorCpuFraction": round(own / elapsed, 3),
+        "otherProcessesCpuFraction": round(others / elapsed, 3),
         "coordinatorCpuSecondsPer1000Rollouts": round(cpu / rollouts * 1000, 4) if rollouts else None,
         "trainerVersion": load.version,
     }
@@ -397,7 +418,6 @@ def main() -> None:
         job, tokens = Path(tmp, "job.yaml"), Path(tmp, "tokens.yaml")
         job.write_text(JOB)
         tokens.write_text(json.dumps({"trainer": TRAINER_TOKEN, "pools": {"bench": POOL_TOKEN}}))
-        port = free_port()
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join(
@@ -405,51 +425,35 @@ def main() -> None:
             ),
         }
         parser_name = http_impl(env)
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "echo_runtime.coordinator",
-                "--job",
-                str(job),
-                "--tokens-file",
-                str(tokens),
-                "--vocab-size",
-                str(VOCAB),
-                "--no-store",
-                "--port",
-                str(port),
-                "--heartbeat-interval",
-                "1",
-                "--lease-timeout",
-                "10",
-                "--log-level",
-                "warning",
-            ],
-            cwd=REPO,
-            env=env,
-        )
         if args.renice:
             os.setpriority(os.PRIO_PROCESS, 0, args.renice)
-            os.setpriority(os.PRIO_PROCESS, proc.pid, args.renice)
-        try:
-            _wait_healthy(port, proc)
-            results = []
-            for workers in args.workers:
+        gc.set_threshold(20_000, 50, 50)  # the load generator's own GC pauses are not the coordinator's
+        results = []
+        for workers in args.workers:  # a fresh coordinator per worker count: independent measurements
+            port = free_port()
+            proc = start_coordinator(job, tokens, port, env)
+            if args.renice:
+                os.setpriority(os.PRIO_PROCESS, proc.pid, args.renice)
+            try:
+                _wait_healthy(port, proc)
                 for mode in ("saturate", "paced"):
                     submitters = 8 if mode == "saturate" else 32
                     result = asyncio.run(run_phase(port, proc.pid, workers, mode, seconds, submitters))
                     print(json.dumps(result), flush=True)
                     results.append(result)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=10)
-    paced_1000 = [r for r in results if r["workers"] == max(args.workers) and r["mode"] == "paced"]
-    met = bool(paced_1000) and all(
-        r["rolloutsPerSecond"] >= TARGET_ROLLOUTS_PER_S * 0.97
-        and (r["submitLatencyMs"]["p99"] or 1e9) < TARGET_P99_MS
-        for r in paced_1000
-    )
+            finally:
+                proc.terminate()
+                proc.wait(timeout=10)
+
+    def meets(r: dict[str, Any]) -> bool:
+        p99 = r["submitLatencyMs"]["p99"]
+        return bool(
+            r["rolloutsPerSecond"] >= TARGET_ROLLOUTS_PER_S * 0.97 and p99 is not None and p99 < TARGET_P99_MS
+        )
+
+    for r in results:
+        r["meetsTarget"] = meets(r)
+    met_by = [r["mode"] for r in results if r["workers"] == max(args.workers) and r["meetsTarget"]]
     document = {
         "benchmark": "coordinator",
         "quick": args.quick,
@@ -475,13 +479,38 @@ def main() -> None:
             "rolloutsPerSecond": TARGET_ROLLOUTS_PER_S,
             "p99Ms": TARGET_P99_MS,
             "workers": max(args.workers),
-            "met": met,
+            "metBy": met_by,
+            "note": "met by a phase when its rollouts/s reach the target (within 3%) with submit p99 below it",
         },
         "results": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(document, indent=2) + "\n")
-    print(f"wrote {args.out} (target met: {met})")
+    print(f"wrote {args.out} (target met by: {', '.join(met_by) or 'no phase'})")
+
+
+def start_coordinator(job: Path, tokens: Path, port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    argv = [
+        sys.executable,
+        "-m",
+        "echo_runtime.coordinator",
+        "--job",
+        str(job),
+        "--tokens-file",
+        str(tokens),
+        "--vocab-size",
+        str(VOCAB),
+        "--no-store",
+        "--port",
+        str(port),
+        "--heartbeat-interval",
+        "1",
+        "--lease-timeout",
+        "10",
+        "--log-level",
+        "warning",
+    ]
+    return subprocess.Popen(argv, cwd=REPO, env=env)
 
 
 def _wait_healthy(port: int, proc: subprocess.Popen[bytes]) -> None:

@@ -31,7 +31,7 @@ def model() -> None:
     type=click.Choice(sorted(build.SIZES)),
     default="tiny",
     show_default=True,
-    help="Built-in size: tiny (tests, ~0.5M parameters) or small (the demo, ~11M).",
+    help="Built-in size: tiny (~0.5M parameters; tests and the CPU demo) or small (~11M).",
 )
 @click.option(
     "--seed",

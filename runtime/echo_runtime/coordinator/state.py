@@ -534,6 +534,7 @@ class CoordinatorState:
                 wire.WorkerStatus(
                     id=w.id,
                     pool=w.pool,
+                    host=w.host,
                     backend=w.backend,
                     device=w.device,
                     dtype=w.dtype,

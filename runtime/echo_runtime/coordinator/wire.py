@@ -242,6 +242,9 @@ class BatchReply(WireModel):
 class WorkerStatus(WireModel):
     id: str
     pool: str
+    host: str | None = None
+    """The host name the worker registered with (a pod's name in Kubernetes): how the operator finds
+    the pod of a stuck worker."""
     backend: str
     device: str
     dtype: str

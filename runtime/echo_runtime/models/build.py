@@ -54,7 +54,9 @@ _COMMON: Final[dict[str, Any]] = {
 }
 
 SIZES: Final[dict[str, dict[str, Any]]] = {
-    # ~0.5M parameters: fast enough for unit tests and a CPU GRPO step in well under a second.
+    # 525,056 parameters. Measured on 2 CPU cores (one torch thread): a training step on 64 arithmetic
+    # sequences ~0.05 s, sampling 64 rollouts ~0.05 s; supervised warm-up at lr 3e-3 learns 2-digit +/-
+    # to ~0.8 greedy held-out accuracy in 1600-2400 steps. The CPU demo's policy.
     "tiny": {
         **_COMMON,
         "vocab_size": 1024,
@@ -65,7 +67,8 @@ SIZES: Final[dict[str, dict[str, Any]]] = {
         "num_key_value_heads": 2,
         "head_dim": 32,
     },
-    # ~10M parameters: the CPU demo's policy.
+    # 11,114,112 parameters: ~13x the CPU cost of tiny per step (~0.65 s per 64-sequence training step)
+    # and, measured, no faster to learn arithmetic per step; for larger tasks and GPU runs.
     "small": {
         **_COMMON,
         "vocab_size": 2048,

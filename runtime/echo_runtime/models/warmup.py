@@ -36,7 +36,8 @@ from echo_runtime.models import build
 WARMUP_VERSION: Final = 1
 """Version of the warm-up recipe (loss, optimizer, schedule, data order); part of the cache key."""
 
-DEFAULT_LR: Final = 1e-3
+DEFAULT_LR: Final = 3e-3
+"""Measured on ``tiny``/arithmetic: 3e-3 learns ~3x faster than 1e-3; 5e-3 is slower again."""
 DEFAULT_BATCH_SIZE: Final = 64
 DEFAULT_EVAL_SIZE: Final = 200
 LR_RAMP_STEPS: Final = 10

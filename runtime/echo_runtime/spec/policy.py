@@ -159,8 +159,10 @@ class SyncPolicySpec(SpecModel):
     max_staleness: int = Field(default=1, ge=0, le=1024)
     """Δmax: no optimizer step consumes a rollout with staleness (t − policy version) above this."""
     stale_action: Literal["Drop", "ImportanceWeight"] = "Drop"
-    """What happens to a group that would be consumed with staleness > Δmax: dropped and counted, or
-    kept with truncated importance weights (``ImportanceWeight``, counted as down-weighted)."""
+    """Δmax is absolute: a group whose staleness would exceed it is always dropped and counted
+    (``droppedStale``). ``ImportanceWeight`` additionally applies truncated importance weights
+    (cap ``importanceWeightCap``) to the off-policy groups *within* the bound (counted as
+    ``weightedStale``); ``Drop`` consumes them with the plain PPO ratio to the behaviour log-probs."""
     refresh_threshold: int = Field(default=0, ge=0)
     """Sequential: a worker whose loaded version is within this many versions of t may generate
     without reloading; must not exceed ``maxStaleness``."""
