@@ -4,13 +4,27 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from echo_runtime.models import build, load, resolve
 from echo_runtime.spec.policy import Model, Task
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    """These models are too small to gain from a second thread, and on a busy 2-core machine torch's
+    spinning OpenMP threads make each step several times slower; the setting is restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.fixture
@@ -128,8 +142,6 @@ def test_local_directories_hub_ids_and_errors(
 
 
 def test_load_wrappers_take_builtin_names_and_specs(cache: Path) -> None:
-    import torch
-
     model = load.load_causal_lm("echorl:tiny", dtype="bfloat16")
     assert not model.training
     assert next(model.parameters()).dtype == torch.bfloat16
