@@ -34,7 +34,8 @@ from typing import Any, Final
 from echo_runtime.models import build
 
 WARMUP_VERSION: Final = 1
-"""Version of the warm-up recipe (loss, optimizer, schedule, data order); part of the cache key."""
+"""Version of the warm-up recipe (loss, optimizer, schedule, data order, DEFAULT_LR and DEFAULT_BATCH_SIZE);
+part of the cache key of warmed built-in models, so bump it when any of them changes."""
 
 DEFAULT_LR: Final = 3e-3
 """Measured on ``tiny``/arithmetic: 3e-3 learns ~3x faster than 1e-3; 5e-3 is slower again."""
