@@ -195,7 +195,7 @@ class ColocatedRun(local.LocalRun):
         log = metrics.MetricsLog(self.dir / "metrics.jsonl")
         timing = (self.dir / "workers").joinpath("colocated.jsonl")
         timing.parent.mkdir(exist_ok=True)
-        bar = local._progress_bar(self.max_steps, enabled=self.options.progress)
+        bar = local._Bar(self.max_steps, enabled=self.options.progress)
         accuracy: list[float | None] = [None]
 
         def drain_evals() -> None:

@@ -322,7 +322,7 @@ class LocalRun:
         status_client = coord.TrainerClient(
             self.url, self.tokens["trainer"], timeout=5.0, retry=coord.RetryPolicy(attempts=2, deadline=5.0)
         )
-        bar = _progress_bar(self.max_steps, enabled=self.options.progress)
+        bar = _Bar(self.max_steps, enabled=self.options.progress)
         accuracy: float | None = None
         trainer = self.procs.children["trainer"]
         restarts: dict[str, int] = {}
@@ -372,7 +372,7 @@ class LocalRun:
                     for k, v in os.environ.items()
                     if k.startswith("ECHORL_") or k.endswith("_NUM_THREADS")
                 }
-                | _worker_token_env(self.tokens, child.name, self.job),
+                | _worker_token_env(self.tokens, child.name),
             )
 
     def finish(self, evaluator_timeout_s: float = 600.0) -> dict[str, Any]:
@@ -402,7 +402,7 @@ class LocalRun:
         return summary
 
 
-def _worker_token_env(tokens: dict[str, Any], child_name: str, job: spec.ResolvedJob) -> dict[str, str]:
+def _worker_token_env(tokens: dict[str, Any], child_name: str) -> dict[str, str]:
     pool = child_name.rsplit("-", 1)[0]
     return {"ECHORL_TOKEN": tokens["pools"][pool]}
 
@@ -450,10 +450,6 @@ class _Bar:
 
     def close(self) -> None:
         self._bar.close()
-
-
-def _progress_bar(total: int, enabled: bool) -> _Bar:
-    return _Bar(total, enabled)
 
 
 def run(job_path: Path, options: RunOptions, echo: Callable[[str], None] = print) -> dict[str, Any]:

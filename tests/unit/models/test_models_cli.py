@@ -2,27 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 from click.testing import CliRunner
 
 from echo_runtime.cli.model import model
 from echo_runtime.models import build, resolve, warmup
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    """These models are too small to gain from a second thread, and on a busy 2-core machine torch's
-    spinning OpenMP threads make each step several times slower; the setting is restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 @pytest.fixture(autouse=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,18 +12,6 @@ import torch
 
 from echo_runtime.models import build, load, resolve
 from echo_runtime.spec.policy import Model, Task
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    """These models are too small to gain from a second thread, and on a busy 2-core machine torch's
-    spinning OpenMP threads make each step several times slower; the setting is restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 @pytest.fixture
