@@ -86,6 +86,16 @@ class Sampling(SpecModel):
 class Algorithm(SpecModel):
     """GRPO with a PPO-clip loss on the ratio to the behaviour policy."""
 
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            (
+                "self.minLearningRate <= self.learningRate",
+                "minLearningRate must be ≤ learningRate: a schedule decays from learningRate down to it",
+                ".minLearningRate",
+            ),
+        )
+    )
+
     name: Literal["GRPO"] = "GRPO"
     """The algorithm; GRPO is the one implemented."""
     group_size: int = Field(default=8, ge=2, le=1024)
@@ -95,7 +105,14 @@ class Algorithm(SpecModel):
     micro_batch_size: int = Field(default=8, ge=1)
     """Rollouts per forward/backward pass; gradients are accumulated over the batch."""
     learning_rate: float = Field(default=1e-4, gt=0, le=1)
-    """AdamW learning rate."""
+    """AdamW learning rate (the peak, when ``lrSchedule`` decays it)."""
+    lr_schedule: Literal["Constant", "Linear", "Cosine"] = "Constant"
+    """How the learning rate moves over ``maxSteps``: ``Constant``; or from ``learningRate`` at the first
+    step down to ``minLearningRate`` at step ``maxSteps``, in a straight line (``Linear``) or along a half
+    cosine (``Cosine``). The rate of a step depends only on its version, so a resumed run continues the
+    same curve."""
+    min_learning_rate: float = Field(default=0.0, ge=0, le=1)
+    """Where ``Linear`` and ``Cosine`` end; must not exceed ``learningRate``; unused by ``Constant``."""
     clip_range: float = Field(default=0.2, gt=0, le=1)
     """ε of the PPO-clip objective."""
     kl_coef: float = Field(default=0.0, ge=0)
@@ -108,6 +125,14 @@ class Algorithm(SpecModel):
     """Generation settings every worker uses."""
     seed: int = Field(default=0, ge=0)
     """Seed of prompt order, sampling and initialisation."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Algorithm:
+        if self.min_learning_rate > self.learning_rate:
+            raise ValueError(
+                f"minLearningRate: must be ≤ learningRate ({self.learning_rate:g}), got {self.min_learning_rate:g}"
+            )
+        return self
 
 
 class Retention(SpecModel):

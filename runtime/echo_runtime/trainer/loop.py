@@ -360,6 +360,7 @@ def metrics_record(metrics: step.StepMetrics, timings: dict[str, float]) -> dict
         "importanceWeightMax": metrics.importance_weight_max,
         "rewardMean": metrics.reward_mean,
         "gradNorm": metrics.grad_norm,
+        "learningRate": metrics.learning_rate,
         "groups": metrics.groups,
         "rollouts": metrics.rollouts,
         "tokens": metrics.tokens,

@@ -64,6 +64,11 @@ class StepConfig:
     micro_batch_size: int = 8
     max_grad_norm: float = MAX_GRAD_NORM
     normalization: loss.Normalization = "token"
+    learning_rate: float | None = None
+    """The peak rate; None leaves the optimizer's own rate untouched (callers that manage it)."""
+    lr_schedule: str = "Constant"
+    min_learning_rate: float = 0.0
+    max_steps: int = 1
 
     @classmethod
     def from_algorithm(cls, algorithm: Algorithm) -> StepConfig:
@@ -73,7 +78,30 @@ class StepConfig:
             kl_coef=algorithm.kl_coef,
             temperature=algorithm.sampling.temperature,
             micro_batch_size=algorithm.micro_batch_size,
+            learning_rate=algorithm.learning_rate,
+            lr_schedule=algorithm.lr_schedule,
+            min_learning_rate=algorithm.min_learning_rate,
+            max_steps=algorithm.max_steps,
         )
+
+    def learning_rate_at(self, version: int) -> float | None:
+        """The rate of the step from ``version`` to ``version + 1`` (``spec.algorithm.lrSchedule``).
+
+        With ``s = min(version / maxSteps, 1)``: Constant ``lr``; Linear ``lr − (lr − min)·s``;
+        Cosine ``min + (lr − min)·(1 + cos(π·s))/2``. The first step runs at ``lr``; a step past
+        ``maxSteps`` (a run extended with ``--max-steps``) stays at ``min``.
+        """
+        if self.learning_rate is None:
+            return None
+        peak, floor = self.learning_rate, self.min_learning_rate
+        progress = min(max(version, 0) / max(self.max_steps, 1), 1.0)
+        if self.lr_schedule == "Constant":
+            return peak
+        if self.lr_schedule == "Linear":
+            return peak - (peak - floor) * progress
+        if self.lr_schedule == "Cosine":
+            return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+        raise ValueError(f"lrSchedule: expected Constant, Linear or Cosine, got {self.lr_schedule!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,6 +212,8 @@ class StepMetrics:
     mismatch: dict[str, BackendMismatch]
     """Per backend; only backends with rollouts at the trainer's current version appear."""
     seconds: float
+    learning_rate: float | None = None
+    """The rate this step ran at (``lrSchedule``); None when the caller manages the optimizer's rate."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -268,12 +298,19 @@ def train_step(
         )
     params = policy.trainable_parameters()
     grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+    rate = config.learning_rate_at(plan.version)
+    if rate is not None:
+        for group in optimizer.param_groups:
+            group["lr"] = rate
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     sums = collective.sum(sums)
     per_backend = collective.sum(per_backend)
     maxima = collective.max(maxima)
-    return _metrics(plan, sums, per_backend, maxima, float(grad_norm), config, time.perf_counter() - started)
+    metrics = _metrics(
+        plan, sums, per_backend, maxima, float(grad_norm), config, time.perf_counter() - started
+    )
+    return dataclasses.replace(metrics, learning_rate=rate)
 
 
 @contextlib.contextmanager

@@ -97,6 +97,11 @@ INVALID = {
     "unknown field": ("  maxStalness: 3", 'unknown field "spec.maxStalness"'),
     "no pools": ("  inferenceSwarms: []", "should have at least 1 items"),
     "zero group size": ("  algorithm: {groupSize: 1}", "should be greater than or equal to 2"),
+    "schedule floor above the peak": (
+        "  algorithm: {learningRate: 1.0e-4, lrSchedule: Cosine, minLearningRate: 1.0e-3}",
+        "minLearningRate must be ≤ learningRate",
+    ),
+    "unknown schedule": ("  algorithm: {lrSchedule: Exponential}", 'Unsupported value: "Exponential"'),
 }
 
 

@@ -122,6 +122,7 @@ def test_cel_rules_restate_the_model_validators() -> None:
     messages = " | ".join(rules_of("EchoJob"))
     for expected in (
         "refreshThreshold must be ≤ maxStaleness",
+        "minLearningRate must be ≤ learningRate",
         "bufferSize is only allowed in Async mode",
         "syncPolicyRef cannot be combined",
         "trainingSwarmRef cannot be combined",

@@ -124,6 +124,11 @@ def test_wrong_api_version_and_kind() -> None:
         ),
         ("task: {name: 'not a task!'}", "spec.task.name", "pattern"),
         ("model: {lora: {rank: 0}}", "spec.model.lora.rank", "≥ 1"),
+        (
+            "algorithm: {learningRate: 1.0e-4, minLearningRate: 1.0e-3}",
+            "spec.algorithm.minLearningRate",
+            "≤ learningRate (0.0001)",
+        ),
     ],
 )
 def test_cross_field_rules(snippet: str, path: str, needle: str) -> None:

@@ -192,3 +192,45 @@ def test_step_config_from_the_manifest() -> None:
     )
     config = step.StepConfig.from_algorithm(algorithm)
     assert dataclasses.astuple(config)[:5] == (0.3, 4.0, 0.01, 0.7, 2)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "expected"),
+    [
+        # lr 1e-3 → min 1e-4 over maxSteps 4; the step from version v runs at f(v / 4).
+        ("Constant", [1e-3, 1e-3, 1e-3, 1e-3, 1e-3, 1e-3]),
+        ("Linear", [1e-3, 7.75e-4, 5.5e-4, 3.25e-4, 1e-4, 1e-4]),
+        # min + (lr − min)·(1 + cos(π·v/4))/2 with cos(π/4) = √2/2 and cos(3π/4) = −√2/2.
+        (
+            "Cosine",
+            [1e-3, 1e-4 + 9e-4 * (1 + 2**-0.5) / 2, 5.5e-4, 1e-4 + 9e-4 * (1 - 2**-0.5) / 2, 1e-4, 1e-4],
+        ),
+    ],
+)
+def test_learning_rate_schedules_by_hand(schedule: str, expected: list[float]) -> None:
+    config = step.StepConfig(learning_rate=1e-3, lr_schedule=schedule, min_learning_rate=1e-4, max_steps=4)
+    got = [config.learning_rate_at(v) for v in range(6)]  # versions 4 and 5: past maxSteps (extended run)
+    assert got == pytest.approx(expected, rel=1e-12)
+    assert step.StepConfig().learning_rate_at(3) is None  # a caller that manages the rate itself
+
+
+def test_the_step_runs_at_its_scheduled_rate(
+    make_policy: Callable[..., TrainablePolicy], make_batch: Callable[..., Batch]
+) -> None:
+    from echo_runtime.spec.policy import Algorithm
+
+    algorithm = Algorithm(learning_rate=1e-2, lr_schedule="Linear", min_learning_rate=0.0, max_steps=2)
+    config = step.StepConfig.from_algorithm(algorithm)
+    policy = make_policy()
+    optimizer = step.make_optimizer(policy.trainable_parameters(), algorithm.learning_rate)
+    first = step.train_step(
+        policy, optimizer, step.plan_step(make_batch(policy, 0, seed=2), ASYNC_DROP), config
+    )
+    assert first.learning_rate == pytest.approx(1e-2)
+    before = [p.detach().clone() for p in policy.trainable_parameters()]
+    # Version 2 = maxSteps: the Linear schedule has reached its floor 0, so AdamW must not move a weight.
+    last = step.train_step(
+        policy, optimizer, step.plan_step(make_batch(policy, 2, seed=3), ASYNC_DROP), config
+    )
+    assert last.learning_rate == 0.0 and optimizer.param_groups[0]["lr"] == 0.0
+    assert all(torch.equal(a, b.detach()) for a, b in zip(before, policy.trainable_parameters(), strict=True))
