@@ -21,6 +21,7 @@ Layout of ``--out``::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -32,7 +33,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import yaml
 
@@ -164,11 +165,7 @@ def run_grid(options: Options, log: Callable[[str], None] = print) -> dict[str, 
             run_started = time.monotonic()
             console = run_dir.parent / f"seed{seed}.log"
             with console.open("w") as out:
-                try:
-                    code = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, timeout=options.run_timeout_s,
-                                          env={**os.environ, "PYTHONUNBUFFERED": "1"}).returncode  # fmt: skip
-                except subprocess.TimeoutExpired:
-                    code = -1
+                code = _run_once(argv, out, options.run_timeout_s)
             if code != 0:
                 failures.append({"config": config.name, "seed": seed, "exitCode": code, "log": str(console)})
                 log(f"    failed with exit code {code}; see {console}")
@@ -177,6 +174,31 @@ def run_grid(options: Options, log: Callable[[str], None] = print) -> dict[str, 
     results = collect(options, failures)
     write_outputs(results, options.out)
     return results
+
+
+def _run_once(argv: list[str], out: IO[str], timeout_s: float) -> int:
+    """One ``echorl run``; past ``timeout_s`` it gets SIGTERM (it stops its own processes, which run in
+    sessions of their own and would survive a SIGKILL of the runner), SIGKILL only if that hangs."""
+    proc = subprocess.Popen(
+        argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        out.write(f"\n[echorl bench sync] run timed out after {timeout_s:.0f}s: stopping it\n")
+        out.flush()
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        return -1
+    except BaseException:  # Ctrl-C of the grid: the run in flight stops its processes too
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=60)
+        raise
 
 
 def collect(options: Options, failures: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:

@@ -69,8 +69,8 @@ def run(
         raise click.ClickException(str(exc)) from exc
     except local.RunError as exc:
         raise click.ClickException(str(exc)) from exc
-    except KeyboardInterrupt:
-        raise SystemExit(130) from None
+    except KeyboardInterrupt as exc:  # Ctrl-C → 130; SIGTERM (local.Terminated) → 143, as shells report them
+        raise SystemExit(128 + int(getattr(exc, "signum", 2))) from None
     keys = (
         "policyVersion",
         "initialHeldoutAccuracy",

@@ -11,7 +11,8 @@ The embedded default (DESIGN.md). Layout of a run directory (``runs/<job>/`` by 
     logs/           one log per process: coordinator, trainer, evaluator, <pool>-<i>
     workers/        per-worker timing (load vs sample seconds)
 
-Promises: every child process is stopped when the run ends, fails or is interrupted; a run directory
+Promises: every child process is stopped when the run ends, fails or is interrupted (Ctrl-C, or a
+SIGTERM such as ``kill`` or a timeout sends, which is handled the same way); a run directory
 or a snapshot store that already holds a job's versions is never silently overwritten (``--resume``
 continues it, ``--fresh`` deletes it first); ``summary.json`` is written even after Ctrl-C.
 """
@@ -23,10 +24,12 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import socket
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -452,8 +455,37 @@ class _Bar:
         self._bar.close()
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM reached ``echorl run``: stop like Ctrl-C (the children run in sessions of their own, so a
+    signal to the runner alone would otherwise orphan them)."""
+
+    signum = signal.SIGTERM
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the clean-up short
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run(job_path: Path, options: RunOptions, echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run the job to completion (or Ctrl-C); return its summary."""
+    """Run the job to completion (or Ctrl-C / SIGTERM); return its summary."""
+    with _sigterm_as_interrupt():
+        return _run(job_path, options, echo)
+
+
+def _run(job_path: Path, options: RunOptions, echo: Callable[[str], None]) -> dict[str, Any]:
     local = LocalRun(job_path, options, echo)
     if local.job.sync_policy.mode == "Colocated":  # one process samples and trains: see colocated.py
         from echo_runtime.runner import colocated
@@ -470,9 +502,10 @@ def run(job_path: Path, options: RunOptions, echo: Callable[[str], None] = print
                 f"the trainer exited with code {code}:\n{local.procs.children['trainer'].log_tail()}"
             )
         summary = local.finish()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         interrupted = True
-        echo("interrupted: stopping every process (resume with --resume)")
+        what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        echo(f"{what}: stopping every process (resume with --resume)")
         raise
     finally:
         local.procs.stop_all(grace_s=10.0)

@@ -105,7 +105,12 @@ def test_rerun_refuses_then_resume_continues(tmp_path: Path, built_model_cache: 
     assert published[-1] == 4  # versions 3 and 4 followed 2: none repeated, none skipped
 
 
-def test_ctrl_c_stops_every_process(tmp_path: Path, built_model_cache: Path) -> None:
+@pytest.mark.parametrize(
+    ("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"]
+)
+def test_ctrl_c_or_sigterm_stops_every_process(
+    tmp_path: Path, built_model_cache: Path, sig: signal.Signals, code: int
+) -> None:
     job = _write_job(tmp_path, "interrupted", "{mode: Async, maxStaleness: 1}", steps=10_000)
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
@@ -132,8 +137,8 @@ def test_ctrl_c_stops_every_process(tmp_path: Path, built_model_cache: Path) -> 
         time.sleep(0.5)
     children = _descendants(proc.pid)
     assert len(children) >= 4
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=120) == 130
+    proc.send_signal(sig)
+    assert proc.wait(timeout=120) == code
     time.sleep(0.5)
     alive = [pid for pid in children if _alive(pid)]
     assert not alive, f"processes left running: {alive}"
