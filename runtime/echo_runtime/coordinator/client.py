@@ -295,6 +295,14 @@ class WorkerClient:
                 f"the coordinator forgot worker {worker_id} and its lease on {task_id}",
             ) from exc
 
+    def give_up_after(self, seconds: float) -> None:
+        """Shorten every retry loop, the ones in flight included, to ``seconds`` in total: a worker that
+        is stopping must not wait out the full deadline for a coordinator that is gone."""
+        current = self._t.retry.deadline
+        self._t.retry = dataclasses.replace(
+            self._t.retry, deadline=seconds if current is None else min(current, seconds)
+        )
+
     def leave(self) -> None:
         """Leave the swarm; leases go back to the queue at once."""
         if self.worker_id is None:

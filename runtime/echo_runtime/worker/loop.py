@@ -7,7 +7,9 @@ Promises:
 * A version is loaded only through the snapshot store's verified fetch (checksums checked), and is
   pinned in the store while in use so retention never deletes it from under a reader.
 * On SIGTERM (:meth:`Worker.stop`) the worker finishes the group in hand, submits it, leaves the swarm
-  (its other leases return to the queue at once) and exits 0.
+  (its other leases return to the queue at once) and exits 0. Once stopping, calls to the coordinator
+  give up after ``STOP_RETRY_S`` instead of the usual deadline, so a worker whose coordinator is gone
+  still exits promptly (its leases then return when they expire).
 * A coordinator restart costs at most the groups in flight: the client re-registers and retries.
 
 Timing (load vs. sample vs. wall-clock) is written as JSON lines to ``metrics_path`` if given, so the
@@ -33,6 +35,8 @@ from echo_runtime.snapshots import SnapshotStore
 log = logging.getLogger("echorl.worker")
 
 PIN_TTL_S = 600.0
+STOP_RETRY_S = 10.0
+"""Once stopping, how long any coordinator call may keep retrying."""
 
 
 class Worker:
@@ -119,8 +123,9 @@ class Worker:
 
     # ---------------------------------------------------------------------------------- main loop
     def stop(self) -> None:
-        """Ask the loop to finish the group in hand and exit."""
+        """Ask the loop to finish the group in hand and exit (safe from a signal handler)."""
         self._stop.set()
+        self.client.give_up_after(STOP_RETRY_S)
 
     @property
     def stopping(self) -> bool:
@@ -140,7 +145,9 @@ class Worker:
             while not self._stop.is_set() and (max_groups is None or self.groups < max_groups):
                 self._one_round()
         finally:
-            self._stop.set()
+            self.stop()
+            # The heartbeat thread first, so that a beat racing the leave cannot register us again.
+            beats.join(timeout=2 * STOP_RETRY_S)
             with contextlib.suppress(coord.CoordinatorError):
                 self.client.leave()
             self._emit({"event": "exit"})

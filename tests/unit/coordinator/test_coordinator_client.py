@@ -75,6 +75,22 @@ def test_retries_run_out_as_unavailable() -> None:
     assert len(sleeps) == 4 and all(0 <= s <= min(4.0, 2**i) for i, s in enumerate(sleeps))
 
 
+def test_give_up_after_cuts_short_a_retry_loop_in_flight() -> None:
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        w.give_up_after(0.0)  # what Worker.stop() does when SIGTERM arrives mid-call
+        return httpx.Response(503, text="restarting")
+
+    w = worker(handler)  # FAST would try 4 times
+    with pytest.raises(client.Unavailable):
+        w.register()
+    assert calls == ["/v1/workers"]
+    w.give_up_after(30.0)  # never lengthens what was shortened
+    assert w._t.retry.deadline == 0.0
+
+
 def test_4xx_are_not_retried_and_name_the_field() -> None:
     calls = []
 
