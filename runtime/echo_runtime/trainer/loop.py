@@ -140,7 +140,9 @@ def run(
             if world.is_main and coordinator is not None:
                 coordinator.announce(version)
             while version < max_steps:
+                waited = time.perf_counter()
                 batch = _next_batch(trainer, coordinator, world, version, options.batch_timeout_s)
+                waited = time.perf_counter() - waited
                 plan = step.plan_step(batch, policy_rule)
                 _check_plan(plan)
                 metrics = step.train_step(
@@ -153,7 +155,7 @@ def run(
                     shard=shard,
                 )
                 version += 1
-                timings = {"publishSeconds": 0.0, "checkpointSeconds": 0.0}
+                timings = {"batchSeconds": waited, "publishSeconds": 0.0, "checkpointSeconds": 0.0}
                 if world.is_main:
                     assert store is not None and coordinator is not None
                     timings["publishSeconds"] = _publish(trainer, store, coordinator, version, scratch)

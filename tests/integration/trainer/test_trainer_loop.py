@@ -41,7 +41,10 @@ def test_every_step_publishes_the_next_version(tiny_model_dir: str, tmp_path: Pa
     assert coordinator.asked == [0, 1, 2] and coordinator.announced == [0, 1, 2, 3]
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["policyVersion"] for r in records] == [1, 2, 3]
-    assert all(r["kind"] == "trainer" and r["stepSeconds"] > 0 and r["publishSeconds"] > 0 for r in records)
+    assert all(
+        r["kind"] == "trainer" and r["stepSeconds"] > 0 and r["publishSeconds"] > 0 and r["batchSeconds"] >= 0
+        for r in records
+    )
     assert records[0]["logprobMismatch"]["transformers"]["sequences"] == 6
     assert records[1]["checkpointSeconds"] > 0 and records[0]["checkpointSeconds"] == 0
     assert records[2]["kl"] > 0
