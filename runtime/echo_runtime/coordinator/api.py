@@ -17,8 +17,8 @@ Promises: every request is authenticated before its body is read (registration: 
 its body is checked against the token); bodies are size-bounded (413) before they are read in full;
 every rejection is a 4xx :class:`~.wire.ErrorReply` naming the field, counted in ``/metrics``, and
 changes nothing. Handlers never ``await`` between reading and changing the state, so each request is
-atomic on the one event loop; the only wait is the batch long-poll, which re-reads the state after
-waking. An unexpected error is logged and answered 500 (handlers validate and score before they
+atomic on the one event loop; the only waits are the batch and lease long-polls, which re-read the
+state after waking. An unexpected error is logged and answered 500 (handlers validate and score before they
 change anything, so a failing verifier leaves the state as it was).
 
 Each endpoint is one ``handle_*`` coroutine taking an :class:`Incoming` request. FastAPI routes call
@@ -108,16 +108,20 @@ class Service:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         expire_interval: float = 1.0,
+        recheck_interval: float = 1.0,
     ) -> None:
         self.state = coordinator
         self.tokens = tokens
         self.clock = clock
         self.wall_clock = wall_clock
         self.expire_interval = expire_interval
+        self.recheck_interval = recheck_interval
+        """Long-polls re-read the state at least this often, even if no wake-up came (a safety net)."""
         self.rejections = metrics.Rejections()
         self.registry = metrics.registry_for(coordinator, self.rejections)
         self.submit_limit = submit_body_limit(coordinator.config)
         self._batch_ready: asyncio.Event | None = None
+        self._work_ready: asyncio.Event | None = None
 
     def notify_batch(self) -> None:
         """Wake a waiting batch request if a batch might be ready."""
@@ -131,6 +135,18 @@ class Service:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._batch_ready.wait(), timeout)
 
+    def notify_work(self) -> None:
+        """Wake waiting lease requests: tasks may have become leasable (they re-check the state)."""
+        if self._work_ready is not None:
+            self._work_ready.set()
+            self._work_ready = None
+
+    async def wait_work(self, timeout: float) -> None:
+        if self._work_ready is None:
+            self._work_ready = asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._work_ready.wait(), timeout)
+
     async def expire_forever(self) -> None:
         """Expire silent workers and overdue leases every ``expire_interval`` seconds, for ever."""
         while True:
@@ -141,6 +157,7 @@ class Service:
                 log.exception("lease expiry failed; trying again in %.1f s", self.expire_interval)
                 continue
             if dead or released:
+                self.notify_work()
                 log.info(
                     "expired %d worker(s) %s; %d lease(s) back in the queue", len(dead), dead[:5], released
                 )
@@ -225,7 +242,14 @@ async def handle_heartbeat(svc: Service, incoming: Incoming, worker_id: str) -> 
 async def handle_lease(svc: Service, incoming: Incoming, worker_id: str) -> wire.LeaseReply:
     svc.require_worker(incoming, worker_id)
     req = await parse(incoming, wire.LeaseRequest, SMALL_BODY)
-    return svc.state.lease(worker_id, req.max_tasks, svc.clock())
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + req.wait_seconds
+    while True:
+        reply = svc.state.lease(worker_id, req.max_tasks, svc.clock())
+        remaining = deadline - loop.time()
+        if reply.tasks or remaining <= 0 or await incoming.disconnected():
+            return reply
+        await svc.wait_work(min(remaining, svc.recheck_interval))
 
 
 async def handle_submit(svc: Service, incoming: Incoming, worker_id: str, task_id: str) -> wire.SubmitReply:
@@ -240,13 +264,17 @@ async def handle_submit(svc: Service, incoming: Incoming, worker_id: str, task_i
 
 async def handle_leave(svc: Service, incoming: Incoming, worker_id: str) -> wire.LeaveReply:
     svc.require_worker(incoming, worker_id)
-    return svc.state.leave(worker_id)
+    reply = svc.state.leave(worker_id)
+    svc.notify_work()  # its leases are back in the queue
+    return reply
 
 
 async def handle_announce(svc: Service, incoming: Incoming) -> wire.AnnounceReply:
     svc.require_trainer(incoming)
     req = await parse(incoming, wire.AnnounceRequest, SMALL_BODY)
-    return svc.state.announce(req.version)
+    reply = svc.state.announce(req.version)
+    svc.notify_work()
+    return reply
 
 
 async def handle_batch(svc: Service, incoming: Incoming) -> wire.BatchReply:
@@ -256,10 +284,11 @@ async def handle_batch(svc: Service, incoming: Incoming) -> wire.BatchReply:
     deadline = loop.time() + req.wait_seconds
     while True:
         reply = svc.state.pull_batch(req.version, svc.clock())
+        svc.notify_work()  # a Sequential round opened, or a batch taken made room in the Async buffer
         remaining = deadline - loop.time()
         if reply.ready or remaining <= 0 or await incoming.disconnected():
             return reply
-        await svc.wait_batch(min(remaining, 1.0))
+        await svc.wait_batch(min(remaining, svc.recheck_interval))
 
 
 async def handle_status(svc: Service, incoming: Incoming) -> wire.StatusDocument:
@@ -521,7 +550,9 @@ class _AsgiIncoming:
             if not message.get("more_body", False):
                 return b"".join(chunks)
 
-    async def disconnected(self) -> bool:  # pragma: no cover - the fast path has no long-polls
+    async def disconnected(self) -> bool:
+        # Not watched on the fast path: a lease long-poll whose client went away ends at its deadline
+        # (``waitSeconds`` ≤ 30), and its reply, if any, is lost with the connection (the lease expires).
         return False
 
 

@@ -262,11 +262,19 @@ class WorkerClient:
             )
         )
 
-    def lease(self, max_tasks: int = 1) -> wire.LeaseReply:
-        """Lease up to ``max_tasks`` tasks; an empty list comes with ``retryAfterSeconds``."""
-        body = wire.LeaseRequest(max_tasks=max_tasks)
+    def lease(self, max_tasks: int = 1, wait: float = 0.0) -> wire.LeaseReply:
+        """Lease up to ``max_tasks`` tasks, long-polling up to ``wait`` seconds while there are none;
+        an empty list comes with ``retryAfterSeconds``."""
+        body = wire.LeaseRequest(max_tasks=max_tasks, wait_seconds=wait)
         return self._as_worker(
-            lambda wid, h: self._t.call("POST", f"/v1/workers/{wid}/leases", wire.LeaseReply, body, headers=h)
+            lambda wid, h: self._t.call(
+                "POST",
+                f"/v1/workers/{wid}/leases",
+                wire.LeaseReply,
+                body,
+                headers=h,
+                timeout=wait + self._t.timeout,
+            )
         )
 
     def submit(

@@ -116,6 +116,9 @@ class HeartbeatReply(Instructions):
 
 class LeaseRequest(WireModel):
     max_tasks: int = Field(default=1, ge=1, le=MAX_TASKS_PER_LEASE)
+    wait_seconds: float = Field(default=0.0, ge=0.0, le=30.0)
+    """Long-poll: with nothing to lease, hold the request up to this long for work to appear (a
+    Sequential round opening, buffer room in Async, leases returned) instead of polling."""
 
 
 class SamplingParams(WireModel):

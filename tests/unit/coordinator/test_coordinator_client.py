@@ -216,3 +216,34 @@ def test_real_round_trip_over_loopback(
         assert replies and replies[0].policy_version == 1
         w.leave()
         assert trainer.status().workers == []
+
+
+def test_a_lease_long_poll_is_answered_when_a_sequential_round_opens(
+    make_service: Callable[..., api.Service], serve: Callable[[api.Service], str]
+) -> None:
+    # No periodic re-check: only the wake-up of the round opening can answer the long-poll early.
+    url = serve(make_service(config("Sequential", 0, pools=("cpu",), batch_size=2), recheck_interval=60.0))
+    with (
+        client.WorkerClient(
+            url,
+            CPU_TOKEN,
+            pool="cpu",
+            backend="transformers",
+            device="cpu",
+            dtype="float32",
+            capacity=2,
+            retry=FAST,
+        ) as w,
+        client.TrainerClient(url, TRAINER_TOKEN, retry=FAST) as trainer,
+    ):
+        w.register()
+        assert w.lease(2).tasks == []  # Sequential: no round is open before the trainer asks
+        leased: list[wire.LeaseReply] = []
+        poll = threading.Thread(target=lambda: leased.append(w.lease(2, wait=25.0)))
+        poll.start()
+        assert trainer.batch(0, wait=0.0).ready is False  # opens the round for version 0
+        poll.join(timeout=5.0)  # before the long-poll ends (25 s) and before the worker expires (10 s)
+        assert not poll.is_alive(), "the lease long-poll was not woken by the round opening"
+        assert len(leased[0].tasks) == 2 and all(t.min_version == 0 for t in leased[0].tasks)
+        empty = w.lease(2, wait=0.3)  # nothing left this round: the long-poll ends empty at its deadline
+        assert empty.tasks == [] and empty.retry_after_seconds is not None
