@@ -37,6 +37,9 @@ log = logging.getLogger("echorl.worker")
 PIN_TTL_S = 600.0
 STOP_RETRY_S = 10.0
 """Once stopping, how long any coordinator call may keep retrying."""
+LEASE_WAIT_S = 2.0
+"""Lease long-poll: the coordinator answers as soon as work appears (a Sequential round opening), so
+an idle worker neither polls hard nor adds up to a poll interval to every Sequential step."""
 
 
 class Worker:
@@ -168,19 +171,36 @@ class Worker:
             log.info("%s; retrying", exc)
             self._stop.wait(0.5)
             return
-        lease = self.client.lease(self.capacity)
+        asked = self._clock()
+        lease = self.client.lease(self.capacity, wait=LEASE_WAIT_S)
         self._instructions(lease)
         if not lease.tasks:
-            self._stop.wait(min(5.0, lease.retry_after_seconds or 0.2))
+            if self._clock() - asked < LEASE_WAIT_S / 2:  # answered early and empty: back off as told
+                self._stop.wait(min(5.0, lease.retry_after_seconds or 0.2))
             return
         need = max(t.min_version for t in lease.tasks)
-        try:
-            self.ensure_version(need)
-        except VersionNotYetVisible as exc:
-            log.info("%s; returning to the loop (leases expire or are re-leased)", exc)
-            self._stop.wait(0.5)
-            return
-        self._sample_and_submit(lease.tasks)
+        if self._load_holding_lease(need):
+            self._sample_and_submit(lease.tasks)
+
+    def _load_holding_lease(self, need: int) -> bool:
+        """Load ``need`` while keeping the leased tasks; False if the worker is stopping first.
+
+        The tasks stay ours: the coordinator counts them against this worker's capacity and would not
+        lease them (or others) to it again before they time out, so dropping them here would idle the
+        worker. A store whose listing lags the announcement (eventual consistency) catches up; on stop,
+        :meth:`run` leaves the swarm and the tasks go back to the queue at once.
+        """
+        waited = 0.0
+        while not self._stop.is_set():
+            try:
+                self.ensure_version(need)
+                return True
+            except VersionNotYetVisible as exc:
+                if waited == 0.0 or waited % 10.0 < 0.5:
+                    log.info("%s; holding the lease and retrying (%.0fs so far)", exc, waited)
+                self._stop.wait(0.5)
+                waited += 0.5
+        return False
 
     def _sample_and_submit(self, tasks: list[wire.TaskOut]) -> None:
         # Tasks of one lease share sampling settings and group size (one job); batch them together.
