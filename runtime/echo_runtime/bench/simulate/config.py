@@ -166,7 +166,10 @@ class SimConfig:
     """How often the coordinator sweeps for silent workers."""
     poll_interval: float | None = None
     """How long a worker waits after an empty lease reply; None = min(1, heartbeatInterval) as the
-    coordinator's ``retryAfterSeconds``."""
+    coordinator's ``retryAfterSeconds``. Only used when ``leaseWait`` is 0."""
+    lease_wait: float = 2.0
+    """The workers' lease long-poll (``echorl worker`` holds a lease request 2 s): > 0 means an idle
+    worker takes work the moment it appears; 0 models polling every ``pollInterval``."""
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -209,6 +212,7 @@ class SimConfig:
         _check_float("expireInterval", self.expire_interval, 0.0, exclusive=True)
         if self.poll_interval is not None:
             _check_float("pollInterval", self.poll_interval, 0.0, exclusive=True)
+        _check_float("leaseWait", self.lease_wait, 0.0)
         _check_int("seed", self.seed, 0)
 
     # ------------------------------------------------------------------------------ derived

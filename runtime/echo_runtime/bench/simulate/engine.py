@@ -10,7 +10,8 @@ The protocol is the coordinator's own (:mod:`echo_runtime.coordinator.state`), n
 * a worker's round is the worker loop's (:mod:`echo_runtime.worker.loop`): load the newest published
   version if told to (its version is below ``minVersion = t_train − bound`` and a newer one exists, or it
   just registered after version 0), lease up to ``capacity`` groups, generate them as one batch with the
-  loaded version, submit; an empty lease reply makes it wait ``retryAfterSeconds`` before asking again;
+  loaded version, submit; with ``leaseWait`` > 0 (the lease long-poll of ``echorl worker``) an idle
+  worker takes work the moment it appears, with 0 an empty lease reply makes it wait ``retryAfterSeconds`` before asking again;
 * a lease takes the class's generation time (log-normal jitter) plus its per-lease overhead;
 * the trainer's loop is the trainer's (:mod:`echo_runtime.trainer.loop`): announce, pull a batch of
   ``batchSize`` groups at version t (waiting until one is ready), step, publish t+1 (and a checkpoint
@@ -224,7 +225,9 @@ class Simulator:
     def _go_idle(self, w: _Worker) -> None:
         w.state, w.last_poll = _IDLE, self.now
         w.phase = self.now % self.retry
-        bisect.insort(self._idle, (w.phase, w.id))
+        # Long-poll: waiting requests are answered first come, first served, so order them by when they
+        # went idle (≡ phase modulo the retry interval, which is all _next_poll needs); polling: by phase.
+        bisect.insort(self._idle, (self.now if self.cfg.lease_wait > 0 else w.phase, w.id))
 
     def _next_poll(self, w: _Worker) -> float:
         at = self.now + ((w.phase - self.now) % self.retry)
@@ -237,6 +240,13 @@ class Simulator:
         if self._chain is not None or not self._idle or self._available() <= 0:
             return
         idle, n = self._idle, len(self._idle)
+        if self.cfg.lease_wait > 0:  # long-poll: a waiting request is answered as soon as work appears
+            _, wid = idle.pop(0)
+            w = self.workers[wid]
+            w.state = _POLLING
+            self._chain = (wid, w.inc)
+            self._push(self.now, _POLL, wid, w.inc)
+            return
         start = bisect.bisect_left(idle, (self.now % self.retry, -1))
         best_at, best_index = math.inf, 0
         for j in range(n):  # the first in phase order, unless it only just went idle (rare ties)
@@ -262,7 +272,8 @@ class Simulator:
             w = self.workers[item[1]]
             if w.loaded < floor:
                 w.state = _POLLING
-                self._push(self._next_poll(w), _POLL, w.id, w.inc)
+                # Long-poll: the announcement wakes the waiting lease, whose reply says what to load.
+                self._push(self.now if self.cfg.lease_wait > 0 else self._next_poll(w), _POLL, w.id, w.inc)
             else:
                 keep.append(item)
         self._idle = keep
