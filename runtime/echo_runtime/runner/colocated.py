@@ -265,9 +265,9 @@ def train(
     world = distributed.World()
     model_dir = model_load.resolve_spec(job.spec.model, job.spec.task)
     # The trainer's own start (seeds, LoRA initialisation, AdamW) and resume rule, shared on purpose.
-    trainer = trainer_loop._Trainer.build(job, world, model_dir)
+    trainer = trainer_loop.Trainer.build(job, world, model_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    version = trainer_loop._resume(trainer, store, world, resume, cache_dir)
+    version = trainer_loop.resume_from_store(trainer, store, world, resume, cache_dir)
     backend = shared_backend(trainer.policy.model, model_dir, job.spec.model.dtype)
     task = tasks.get_task(job.spec.task.name, job.spec.task.options)
     config = step.StepConfig.from_algorithm(algorithm)
@@ -299,12 +299,14 @@ def train(
             result = step.train_step(trainer.policy, trainer.optimizer, plan, config)
             version += 1
             timings = {
-                "publishSeconds": trainer_loop._publish(trainer, store, no_coordinator, version, scratch),
+                "publishSeconds": trainer_loop.publish_version(
+                    trainer, store, no_coordinator, version, scratch
+                ),
                 "checkpointSeconds": 0.0,
                 "sampleSeconds": sampled,
             }
             if version % interval == 0 or version == max_steps:
-                timings["checkpointSeconds"] = trainer_loop._checkpoint(
+                timings["checkpointSeconds"] = trainer_loop.checkpoint_version(
                     trainer, store, world, version, scratch
                 )
             consumed += plan.groups

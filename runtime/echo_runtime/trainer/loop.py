@@ -124,8 +124,8 @@ def run(
     interval = job.training_swarm.checkpoint_interval
     with tempfile.TemporaryDirectory(prefix="echorl-trainer-") as scratch:
         cache_dir = options.cache_dir or Path(scratch) / "cache"
-        trainer = _Trainer.build(job, world, model_dir)
-        start = _resume(trainer, store, world, options.resume, cache_dir)
+        trainer = Trainer.build(job, world, model_dir)
+        start = resume_from_store(trainer, store, world, options.resume, cache_dir)
         module = distributed.wrap(trainer.policy.model, world)
         policy_rule = staleness.StalenessPolicy.from_spec(job.sync_policy)
         config = step.StepConfig.from_algorithm(algorithm)
@@ -158,9 +158,9 @@ def run(
                 timings = {"batchSeconds": waited, "publishSeconds": 0.0, "checkpointSeconds": 0.0}
                 if world.is_main:
                     assert store is not None and coordinator is not None
-                    timings["publishSeconds"] = _publish(trainer, store, coordinator, version, scratch)
+                    timings["publishSeconds"] = publish_version(trainer, store, coordinator, version, scratch)
                 if version % interval == 0 or version == max_steps:
-                    timings["checkpointSeconds"] = _checkpoint(trainer, store, world, version, scratch)
+                    timings["checkpointSeconds"] = checkpoint_version(trainer, store, world, version, scratch)
                 done.append(metrics)
                 if world.is_main:
                     record = metrics_record(metrics, timings)
@@ -177,7 +177,10 @@ def run(
 
 
 @dataclasses.dataclass
-class _Trainer:
+class Trainer:
+    """What one trainer process holds: the job, the policy, its optimizer (shared with the Colocated
+    runner, which trains with exactly this code)."""
+
     job: ResolvedJob
     policy: TrainablePolicy
     optimizer: Any
@@ -185,7 +188,7 @@ class _Trainer:
     encode: Callable[[str], Sequence[int]]
 
     @classmethod
-    def build(cls, job: ResolvedJob, world: distributed.World, model_dir: str | None) -> _Trainer:
+    def build(cls, job: ResolvedJob, world: distributed.World, model_dir: str | None) -> Trainer:
         from echo_runtime.backends import sampling
         from echo_runtime.models import load as model_load
 
@@ -236,8 +239,8 @@ def _from_main(world: distributed.World, compute: Callable[[], T]) -> T:
     return shared  # type: ignore[return-value]
 
 
-def _resume(
-    trainer: _Trainer, store: Store | None, world: distributed.World, resume: bool, cache_dir: Path
+def resume_from_store(
+    trainer: Trainer, store: Store | None, world: distributed.World, resume: bool, cache_dir: Path
 ) -> int:
     """Load the resume point's state on rank 0, share it with every rank, and return its version."""
 
@@ -256,7 +259,7 @@ def _resume(
     return point.version
 
 
-def _load_resume_state(trainer: _Trainer, store: Store, resume: bool, cache_dir: Path) -> dict[str, Any]:
+def _load_resume_state(trainer: Trainer, store: Store, resume: bool, cache_dir: Path) -> dict[str, Any]:
     latest_checkpoint, latest_snapshot = store.latest_checkpoint(), store.latest_version()
     if not resume and (latest_checkpoint is not None or latest_snapshot is not None):
         raise ResumeRefused(
@@ -287,7 +290,7 @@ def _load_resume_state(trainer: _Trainer, store: Store, resume: bool, cache_dir:
 
 
 def _next_batch(
-    trainer: _Trainer,
+    trainer: Trainer,
     coordinator: Coordinator | None,
     world: distributed.World,
     version: int,
@@ -323,7 +326,10 @@ def staleness_error(plan: step.Plan) -> RuntimeError:
     )
 
 
-def _publish(trainer: _Trainer, store: Store, coordinator: Coordinator, version: int, scratch: str) -> float:
+def publish_version(
+    trainer: Trainer, store: Store, coordinator: Coordinator, version: int, scratch: str
+) -> float:
+    """Export, publish, then announce ``version`` (publish-then-pointer); returns the seconds it took."""
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=scratch, prefix=f"snapshot-{version}-") as out:
         files = trainer.policy.export_snapshot(out)
@@ -332,9 +338,10 @@ def _publish(trainer: _Trainer, store: Store, coordinator: Coordinator, version:
     return time.perf_counter() - started
 
 
-def _checkpoint(
-    trainer: _Trainer, store: Store | None, world: distributed.World, version: int, scratch: str
+def checkpoint_version(
+    trainer: Trainer, store: Store | None, world: distributed.World, version: int, scratch: str
 ) -> float:
+    """Save a checkpoint of ``version`` (weights, optimizer, every rank's RNG); returns the seconds."""
     started = time.perf_counter()
     rng = world.gather(ckpt.capture_rng())
     if world.is_main:
