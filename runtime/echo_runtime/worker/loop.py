@@ -72,6 +72,8 @@ class Worker:
         self.started = clock()
         self.load_seconds = 0.0
         self.sample_seconds = 0.0
+        self.lease_seconds = 0.0
+        """Time inside lease requests, long-poll waits included (idle time, not overhead)."""
         self.rollouts = 0
         self.groups = 0
         self.loads = 0
@@ -173,6 +175,7 @@ class Worker:
             return
         asked = self._clock()
         lease = self.client.lease(self.capacity, wait=LEASE_WAIT_S)
+        self.lease_seconds += self._clock() - asked
         self._instructions(lease)
         if not lease.tasks:
             if self._clock() - asked < LEASE_WAIT_S / 2:  # answered early and empty: back off as told
@@ -244,6 +247,7 @@ class Worker:
             "time": self._clock() - self.started,
             "loadSeconds": self.load_seconds,
             "sampleSeconds": self.sample_seconds,
+            "leaseSeconds": self.lease_seconds,
             "rollouts": self.rollouts,
             "backend": self.backend.name,
         }

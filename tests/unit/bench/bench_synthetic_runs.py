@@ -69,10 +69,12 @@ def write_run(
 
     # Workers: pool name and index as the runner names them; their clocks start at registration.
     names: dict[int, str] = {}
+    classes: dict[int, int] = {}
     counters: collections.Counter[str] = collections.Counter()
     wid = 0
-    for cls in truth.worker_classes:
+    for index, cls in enumerate(truth.worker_classes):
         for _ in range(cls.count):
+            classes[wid] = index
             names[wid] = f"{cls.name}-{counters[cls.name]}"
             counters[cls.name] += 1
             wid += 1
@@ -83,19 +85,29 @@ def write_run(
     for end, w, seconds, version in trace.loads:
         events[w].append((end, "load", seconds, 0, version))
     (root / "workers").mkdir()
+    overhead = {w: truth.worker_classes[classes[w]].overhead_seconds for w in names}
     for w, items in events.items():
-        load_s = sample_s = 0.0
+        load_s = sample_s = lease_s = 0.0
         rollouts = 0
         lines = []
+        previous, loaded = None, 0.0
         for end, kind, seconds, groups, version in sorted(items):
             record: dict[str, Any] = {"event": kind, "seconds": seconds, "version": version}
             if kind == "sample":
                 sample_s += seconds
                 rollouts += groups * truth.group_size
                 record["groups"] = groups
+                if previous is not None and truth.lease_wait > 0:
+                    # A long-polling worker logs its time inside lease requests: the idle gap before
+                    # this round less its loads and per-lease overhead (polling workers log nothing).
+                    lease_s += max(0.0, end - seconds - previous - loaded - overhead[w])
+                previous, loaded = end, 0.0
             else:
                 load_s += seconds
+                loaded += seconds
             record.update(time=end - joined[w], loadSeconds=load_s, sampleSeconds=sample_s, rollouts=rollouts)
+            if truth.lease_wait > 0:
+                record["leaseSeconds"] = lease_s
             lines.append(json.dumps(record))
         (root / "workers" / f"{names[w]}.jsonl").write_text("\n".join(lines) + "\n")
 

@@ -138,6 +138,21 @@ TRUTHS: dict[str, SimConfig] = {
 }
 
 
+# Workers before the lease long-poll polled every second (and logged no leaseSeconds): still fitted.
+TRUTHS["sequential-polling"] = TRUTHS["sequential"].replace(lease_wait=0.0)
+# A trainer faster than the retry interval: a long-polling worker's wait for the next round looks like
+# per-lease overhead unless its leaseSeconds are taken out (the quickstart's shape: step 0.2 s).
+# Each worker leases half a round at once (capacity 2), so nearly every round includes such a wait.
+TRUTHS["sequential-fast-trainer"] = TRUTHS["sequential"].replace(
+    worker_classes=(
+        WorkerClass(
+            "cpu", 2, 1.0, 0.25, apply_seconds=0.7, overhead_seconds=0.02, start_seconds=14.0, capacity=2
+        ),
+    ),
+    trainer=TrainerConfig(step_seconds=0.3, step_cv=0.1, publish_seconds=0.05, start_seconds=16.0),
+)
+
+
 @pytest.mark.parametrize("name", sorted(TRUTHS))
 def test_a_synthetic_run_is_predicted_within_a_few_percent(tmp_path: Path, name: str) -> None:
     truth = TRUTHS[name]

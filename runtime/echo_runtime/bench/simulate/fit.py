@@ -65,6 +65,8 @@ class PoolMeasure:
     overhead, plus a retry wait when the lease came back empty."""
     joined_at: float | None
     """Seconds after ``t0`` when the pool's first worker was seen registered (None: never seen)."""
+    long_poll: bool = True
+    """Its workers long-poll for leases (their records carry ``leaseSeconds``); older workers polled."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,6 +195,7 @@ def fit(run: MeasuredRun, seed: int = 0) -> FittedRun:
         tail_seconds=linger,
         lease_timeout=LEASE_TIMEOUT,
         heartbeat_interval=HEARTBEAT_INTERVAL,
+        lease_wait=2.0 if all(p.long_poll for p in run.pools if p.replicas > 0) else 0.0,
         seed=seed,
     )
     started = max(0.0, run.status_times[0] - HEARTBEAT_INTERVAL) if run.status_times else 0.0
@@ -386,14 +389,21 @@ def _pool(
     for path in files:
         previous: float | None = None  # when the worker's previous sampling call ended
         loaded = 0.0  # load seconds since then
+        leased = 0.0  # the cumulative seconds inside lease requests (long-poll waits) at that point
         for record in metrics.read_records(path):
             event, at = record.get("event"), record.get("time")
             if event == "sample" and record.get("groups"):
                 seconds.append(float(record["seconds"]))
                 groups.append(int(record["groups"]))
+                # Time waiting in a lease long-poll is idle time the simulator produces itself (the
+                # protocol), not per-lease overhead: take it out (workers that log ``leaseSeconds``).
+                in_lease = float(record.get("leaseSeconds") or 0.0)
                 if previous is not None and isinstance(at, int | float):
-                    residuals.append(float(at) - previous - float(record["seconds"]) - loaded)
+                    residuals.append(
+                        float(at) - previous - float(record["seconds"]) - loaded - (in_lease - leased)
+                    )
                 previous, loaded = (float(at) if isinstance(at, int | float) else None), 0.0
+                leased = in_lease
             elif event == "load" and isinstance(record.get("seconds"), int | float):
                 loads.append(float(record["seconds"]))
                 loaded += float(record["seconds"])
@@ -412,6 +422,7 @@ def _pool(
         load_seconds=tuple(loads),
         round_residuals=tuple(residuals),
         joined_at=_joined_at(status, name),
+        long_poll=any("leaseSeconds" in r for f in files for r in metrics.read_records(f)),
     )
 
 
