@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -193,16 +194,17 @@ class Worker:
         worker. A store whose listing lags the announcement (eventual consistency) catches up; on stop,
         :meth:`run` leaves the swarm and the tasks go back to the queue at once.
         """
-        waited = 0.0
+        started, logged = self._clock(), -math.inf
         while not self._stop.is_set():
             try:
                 self.ensure_version(need)
                 return True
             except VersionNotYetVisible as exc:
-                if waited == 0.0 or waited % 10.0 < 0.5:
+                waited = self._clock() - started
+                if waited - logged >= 10.0:
                     log.info("%s; holding the lease and retrying (%.0fs so far)", exc, waited)
+                    logged = waited
                 self._stop.wait(0.5)
-                waited += 0.5
         return False
 
     def _sample_and_submit(self, tasks: list[wire.TaskOut]) -> None:
