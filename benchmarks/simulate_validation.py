@@ -57,8 +57,9 @@ def main(argv: list[str] | None = None) -> int:
         record["path"] = str(directory)
         records.append(record)
         errors = record["relativeError"]
+        label = f"{directory.parent.name}/{directory.name}"  # e.g. a bench sync grid's async2/seed1
         print(
-            f"{run.name:24s} {run.mode:10s} Δmax {run.max_staleness}  steps {len(run.steps):4d}  "
+            f"{label[-24:]:24s} {run.mode:10s} Δmax {run.max_staleness}  steps {len(run.steps):4d}  "
             + "  ".join(
                 f"{key} measured {record['measured'][key]:.4g} predicted {record['predicted']['mean'][key]:.4g} "
                 f"({100 * errors[key]:+.1f}%)"
