@@ -90,7 +90,8 @@ def call(case: Any, url: str) -> None:
         headers = {"Authorization": f"Bearer {POOL_TOKEN}", "X-Echo-Session": session}
     elif case.path == "/v1/workers":
         headers = {"Authorization": f"Bearer {POOL_TOKEN}"}
-    if case.path == "/v1/trainer/batches" and isinstance(case.body, dict):
+    long_polls = ("/v1/trainer/batches", "/v1/workers/{workerId}/leases")
+    if case.path in long_polls and isinstance(case.body, dict):
         wait = case.body.get("waitSeconds")
         if isinstance(wait, int | float) and not isinstance(wait, bool) and wait > 0.05:
             case.body["waitSeconds"] = 0.05  # keep long-polls short; the value stays valid
