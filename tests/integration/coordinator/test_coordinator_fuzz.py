@@ -90,11 +90,17 @@ def call(case: Any, url: str) -> None:
         headers = {"Authorization": f"Bearer {POOL_TOKEN}", "X-Echo-Session": session}
     elif case.path == "/v1/workers":
         headers = {"Authorization": f"Bearer {POOL_TOKEN}"}
-    long_polls = ("/v1/trainer/batches", "/v1/workers/{workerId}/leases")
+    long_polls = {"/v1/trainer/batches": 60.0, "/v1/workers/{workerId}/leases": 30.0}  # waitSeconds maxima
     if case.path in long_polls and isinstance(case.body, dict):
         wait = case.body.get("waitSeconds")
-        if isinstance(wait, int | float) and not isinstance(wait, bool) and wait > 0.05:
-            case.body["waitSeconds"] = 0.05  # keep long-polls short; the value stays valid
+        if (
+            isinstance(wait, int | float)
+            and not isinstance(wait, bool)
+            and 0.05 < wait <= long_polls[case.path]
+        ):
+            # Keep valid long-polls short; the value stays valid. Invalid ones (negative tests) are
+            # left alone: they are rejected before any wait.
+            case.body["waitSeconds"] = 0.05
     case.call_and_validate(
         base_url=url,
         headers=headers,
