@@ -110,9 +110,9 @@ def timed_client_class() -> type[Any]:
             finally:
                 self.seconds["registerLeave"] += time.perf_counter() - started
 
-        def lease(self, max_tasks: int = 1) -> wire.LeaseReply:
+        def lease(self, max_tasks: int = 1, wait: float = 0.0) -> wire.LeaseReply:
             started = time.perf_counter()
-            reply = super().lease(max_tasks)
+            reply = super().lease(max_tasks, wait)
             self.seconds["lease"] += time.perf_counter() - started
             if reply.tasks:
                 self.leased.append([t.prompt for t in reply.tasks])
@@ -134,20 +134,6 @@ def timed_client_class() -> type[Any]:
 
 def chunks(items: list[str], size: int) -> list[list[str]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
-
-
-def wait_healthy(url: str, child: Any, timeout_s: float = 120.0) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if child.returncode is not None:
-            raise SystemExit(f"the coordinator exited with code {child.returncode}:\n{child.log_tail()}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/healthz", timeout=2.0).status_code == 200:
-                return
-        time.sleep(0.2)
-    raise SystemExit(f"the coordinator did not become healthy in {timeout_s:.0f} s:\n{child.log_tail()}")
 
 
 def _median(values: Sequence[float]) -> float:
@@ -194,7 +180,7 @@ def main() -> None:
     from echo_runtime.coordinator import client as coord
     from echo_runtime.models import load as model_load
     from echo_runtime.runner.local import free_port
-    from echo_runtime.runner.procs import Processes
+    from echo_runtime.runner.procs import NotHealthy, Processes, wait_healthy
     from echo_runtime.worker.loop import Worker
 
     warmup_groups = args.groups
@@ -242,7 +228,10 @@ def main() -> None:
             )
             if not args.natural_eos:
                 backend.eos_ids = frozenset({-1})  # no token is EOS: every row decodes max_new_tokens
-            wait_healthy(url, child)
+            try:
+                wait_healthy(url, child)
+            except NotHealthy as exc:
+                raise SystemExit(str(exc)) from exc
             sampling = job.spec.algorithm.sampling
             params = base.SamplingParams(  # what the coordinator hands out, as the worker builds it
                 temperature=sampling.temperature, top_p=sampling.top_p, max_new_tokens=sampling.max_new_tokens

@@ -16,6 +16,7 @@ ruff check runtime operator tests benchmarks scripts
 ruff format --check runtime operator tests benchmarks scripts
 echo "[test] mypy --strict"
 mypy
+mypy benchmarks/*.py  # the benchmark scripts subclass and call the runtime: keep them in step with it
 echo "[test] pytest"
 status=0
 python -m pytest "$@" || status=$?

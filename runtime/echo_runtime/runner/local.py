@@ -35,7 +35,7 @@ from typing import Any
 
 from echo_runtime import spec
 from echo_runtime.runner import metrics, plots
-from echo_runtime.runner.procs import Child, Processes
+from echo_runtime.runner.procs import Child, NotHealthy, Processes, wait_healthy
 
 ECHORL = [sys.executable, "-m", "echo_runtime.cli"]
 
@@ -288,18 +288,10 @@ class LocalRun:
         )
 
     def _wait_healthy(self, timeout_s: float = 120.0) -> None:
-        import httpx
-
-        deadline = time.monotonic() + timeout_s
-        child = self.procs.children["coordinator"]
-        while time.monotonic() < deadline:
-            if child.returncode is not None:
-                raise RunError(f"the coordinator exited with code {child.returncode}:\n{child.log_tail()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/healthz", timeout=2.0).status_code == 200:
-                    return
-            time.sleep(0.2)
-        raise RunError(f"the coordinator did not become healthy in {timeout_s:.0f}s:\n{child.log_tail()}")
+        try:
+            wait_healthy(self.url, self.procs.children["coordinator"], timeout_s)
+        except NotHealthy as exc:
+            raise RunError(str(exc)) from exc
 
     # ------------------------------------------------------------------------------ monitoring
     def _tail(self, path: Path) -> list[dict[str, Any]]:

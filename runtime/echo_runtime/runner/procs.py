@@ -102,6 +102,26 @@ class Processes:
             self.stop(name, grace_s=0.0)
 
 
+class NotHealthy(RuntimeError):
+    """A served child (the coordinator) exited, or did not answer ``/healthz``, before the deadline."""
+
+
+def wait_healthy(url: str, child: Child, timeout_s: float = 120.0) -> None:
+    """Poll ``url``/healthz until it answers 200; :class:`NotHealthy` (with the log tail) if ``child``
+    exits first or ``timeout_s`` passes."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if child.returncode is not None:
+            raise NotHealthy(f"the {child.name} exited with code {child.returncode}:\n{child.log_tail()}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/healthz", timeout=2.0).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise NotHealthy(f"the {child.name} did not become healthy in {timeout_s:.0f}s:\n{child.log_tail()}")
+
+
 def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
