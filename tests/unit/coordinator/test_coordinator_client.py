@@ -25,17 +25,23 @@ REGISTERED = wire.RegisterReply(
 
 
 def worker(
-    handler: Callable[[httpx.Request], httpx.Response], retry: client.RetryPolicy = FAST
+    handler: Callable[[httpx.Request], httpx.Response] | None = None,
+    retry: client.RetryPolicy = FAST,
+    *,
+    url: str = "http://coordinator",
+    capacity: int = 1,
 ) -> client.WorkerClient:
+    """A cpu-pool worker's client: against ``handler`` (a mock transport), or real HTTP at ``url``."""
     return client.WorkerClient(
-        "http://coordinator",
+        url,
         CPU_TOKEN,
         pool="cpu",
         backend="transformers",
         device="cpu",
         dtype="float32",
+        capacity=capacity,
         retry=retry,
-        transport=httpx.MockTransport(handler),
+        transport=httpx.MockTransport(handler) if handler is not None else None,
     )
 
 
@@ -172,16 +178,7 @@ def test_real_round_trip_over_loopback(
 ) -> None:
     url = serve(make_service(config(pools=("cpu", "gpu"), batch_size=1)))
     with (
-        client.WorkerClient(
-            url,
-            CPU_TOKEN,
-            pool="cpu",
-            backend="transformers",
-            device="cpu",
-            dtype="float32",
-            capacity=2,
-            retry=FAST,
-        ) as w,
+        worker(url=url, capacity=2) as w,
         client.TrainerClient(url, TRAINER_TOKEN, retry=FAST) as trainer,
     ):
         assert w.heartbeat(None).load_version == 0  # registers on first use
@@ -224,16 +221,7 @@ def test_a_lease_long_poll_is_answered_when_a_sequential_round_opens(
     # No periodic re-check: only the wake-up of the round opening can answer the long-poll early.
     url = serve(make_service(config("Sequential", 0, pools=("cpu",), batch_size=2), recheck_interval=60.0))
     with (
-        client.WorkerClient(
-            url,
-            CPU_TOKEN,
-            pool="cpu",
-            backend="transformers",
-            device="cpu",
-            dtype="float32",
-            capacity=2,
-            retry=FAST,
-        ) as w,
+        worker(url=url, capacity=2) as w,
         client.TrainerClient(url, TRAINER_TOKEN, retry=FAST) as trainer,
     ):
         w.register()
