@@ -384,6 +384,7 @@ def _pool(
     groups: list[int] = []
     loads: list[float] = []
     residuals: list[float] = []
+    long_poll = False  # set once any record carries leaseSeconds
     files = sorted((root / "workers").glob(f"{name}-*.jsonl"))
     files = [f for f in files if f.stem.rsplit("-", 1)[0] == name]
     for path in files:
@@ -398,6 +399,7 @@ def _pool(
                 # Time waiting in a lease long-poll is idle time the simulator produces itself (the
                 # protocol), not per-lease overhead: take it out (workers that log ``leaseSeconds``).
                 in_lease = float(record.get("leaseSeconds") or 0.0)
+                long_poll = long_poll or "leaseSeconds" in record
                 if previous is not None and isinstance(at, int | float):
                     residuals.append(
                         float(at) - previous - float(record["seconds"]) - loaded - (in_lease - leased)
@@ -422,7 +424,7 @@ def _pool(
         load_seconds=tuple(loads),
         round_residuals=tuple(residuals),
         joined_at=_joined_at(status, name),
-        long_poll=any("leaseSeconds" in r for f in files for r in metrics.read_records(f)),
+        long_poll=long_poll,
     )
 
 
