@@ -117,7 +117,7 @@ def main() -> None:
 
     import torch
 
-    from echo_runtime.coordinator import staleness
+    from echo_runtime import staleness
     from echo_runtime.models import build
     from echo_runtime.spec.policy import Algorithm, Model
     from echo_runtime.trainer import step

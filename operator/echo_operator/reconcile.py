@@ -4,7 +4,7 @@
 read-only credentials), makes sure every join token exists, server-side-applies the children that
 :func:`echo_operator.children.desired` computes, deletes children the job no longer needs, and
 writes ``status``. :meth:`Reconciler.observe` is the status pass the operator runs on a timer: it
-reads the coordinator, decides which pools cannot keep up with Δmax (:mod:`echo_operator.staleness`),
+reads the coordinator, decides which pools cannot keep up with Δmax (:mod:`echo_operator.pool_lag`),
 restarts stuck worker pods, and writes ``status`` and its conditions, posting an Event for every
 condition that changes. Both are idempotent and safe to run at any time; a per-job lock serialises them.
 
@@ -29,7 +29,7 @@ from typing import Any
 
 import pydantic
 
-from echo_operator import children, conditions, names, observe, staleness, storage
+from echo_operator import children, conditions, names, observe, pool_lag, storage
 from echo_operator import status as status_mod
 from echo_operator.config import Settings
 from echo_operator.kube import Kube, KubeError
@@ -83,7 +83,7 @@ class JobMemory:
     doc: wire.StatusDocument | None = None
     doc_error: str | None = None
     behind_since: dict[str, float] = dataclasses.field(default_factory=dict)
-    behind: dict[str, staleness.PoolLag] = dataclasses.field(default_factory=dict)
+    behind: dict[str, pool_lag.PoolLag] = dataclasses.field(default_factory=dict)
     """Pools that cannot keep up, as of the last status pass."""
     restarted: dict[str, float] = dataclasses.field(default_factory=dict)
 
@@ -489,9 +489,9 @@ class Reconciler:
             mem.behind = {}
             if doc is not None and job is not None:
                 now = time.monotonic()
-                lagging = staleness.pools_behind(doc, job.sync_policy)
-                mem.behind_since = staleness.track(lagging, mem.behind_since, now)
-                persistent = staleness.cannot_keep_up(mem.behind_since, now, self.settings.behind_grace_s)
+                lagging = pool_lag.pools_behind(doc, job.sync_policy)
+                mem.behind_since = pool_lag.track(lagging, mem.behind_since, now)
+                persistent = pool_lag.cannot_keep_up(mem.behind_since, now, self.settings.behind_grace_s)
                 mem.behind = {pool: lagging[pool] for pool in persistent}
                 restarted = self._restart_stuck(body, job, doc, mem, now)
         obs = status_mod.Observation(
@@ -547,7 +547,7 @@ class Reconciler:
             by_pool.setdefault(labels.get(names.POOL, ""), []).append(pod["metadata"]["name"])
             uids[pod["metadata"]["name"]] = pod["metadata"]["uid"]
         done: list[str] = []
-        for restart in staleness.restarts(doc, by_pool, mem.restarted, now, self.settings.restart_cooldown_s):
+        for restart in pool_lag.restarts(doc, by_pool, mem.restarted, now, self.settings.restart_cooldown_s):
             if self.kube.delete("v1", "Pod", namespace, restart.pod, uid=uids[restart.pod]):
                 mem.restarted[restart.pod] = now
                 done.append(restart.pod)
@@ -559,7 +559,7 @@ class Reconciler:
                     f"policy version {restart.loaded_version} while t_train is {doc.policy_version} "
                     f"(Δmax {doc.max_staleness})",
                 )
-        for worker in staleness.stuck_external(doc):
+        for worker in pool_lag.stuck_external(doc):
             key = f"external/{worker.id}"
             last = mem.restarted.get(key)
             if last is None or now - last >= self.settings.restart_cooldown_s:

@@ -15,7 +15,7 @@ from typing import Any
 
 from echo_operator import children, names
 from echo_operator.conditions import Condition
-from echo_operator.staleness import PoolLag
+from echo_operator.pool_lag import PoolLag
 from echo_runtime.coordinator import wire
 
 Object = dict[str, Any]

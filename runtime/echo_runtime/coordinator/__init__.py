@@ -1,8 +1,10 @@
 """The coordinator: one per job; leases, the replay buffer, both sync protocols and the Δmax bound.
 
+The staleness rule it enforces lives in :mod:`echo_runtime.staleness`, shared with the trainer, the
+simulator and the operator.
+
 Layout (pure decisions, thin I/O shells):
 
-* :mod:`.staleness` — :func:`~.staleness.admit`, the one staleness rule (also called by the trainer);
 * :mod:`.buffer` — the task ledger: pending queue, lease table, bounded replay buffer;
 * :mod:`.state` — the state machine of both protocols (no I/O, clock passed in);
 * :mod:`.wire` — request and reply models (shared by the service and the client);

@@ -30,7 +30,9 @@ from typing import Any, TypeVar
 import httpx
 import pydantic
 
-from echo_runtime.coordinator import staleness, wire
+from echo_runtime import staleness
+
+from echo_runtime.coordinator import wire
 
 M = TypeVar("M", bound=pydantic.BaseModel)
 SESSION_HEADER = "X-Echo-Session"

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from echo_runtime.coordinator import staleness
+from echo_runtime import staleness
 
 if TYPE_CHECKING:
     from echo_runtime.spec import ResolvedJob

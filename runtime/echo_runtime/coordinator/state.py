@@ -37,7 +37,9 @@ import math
 import secrets
 from collections.abc import Iterator
 
-from echo_runtime.coordinator import buffer, staleness, wire
+from echo_runtime import staleness
+
+from echo_runtime.coordinator import buffer, wire
 from echo_runtime.coordinator.config import CoordinatorConfig
 from echo_runtime.tasks import base as tasks_base
 

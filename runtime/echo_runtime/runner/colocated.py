@@ -48,7 +48,7 @@ import torch
 
 from echo_runtime import spec
 from echo_runtime.backends import base as backend_base
-from echo_runtime.coordinator import staleness
+from echo_runtime import staleness
 from echo_runtime.runner import local, metrics
 from echo_runtime.tasks import base as tasks_base
 

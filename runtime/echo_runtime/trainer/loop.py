@@ -18,7 +18,7 @@ Promises:
 * **Publish, then announce.** A version is announced only after the store has it, so a worker told to
   load it can.
 * **Nothing too stale is trained on.** Every group goes through
-  :func:`echo_runtime.coordinator.staleness.admit` again here; refused groups are dropped (and logged as
+  :func:`echo_runtime.staleness.admit` again here; refused groups are dropped (and logged as
   errors: the coordinator applies the same rule, so any is a bug or a mismatched manifest). A batch with
   nothing admissible stops the trainer with an error rather than asking for the same batch forever.
 * A clean end (``maxSteps`` reached) always leaves a checkpoint of the last version.
@@ -37,7 +37,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from echo_runtime.coordinator import staleness, wire
+from echo_runtime import staleness
+
+from echo_runtime.coordinator import wire
 from echo_runtime.spec.load import ResolvedJob
 from echo_runtime.trainer import checkpoint as ckpt
 from echo_runtime.trainer import distributed, step

@@ -35,7 +35,7 @@ Decisions, each implemented by one function below:
    ``−A ∇ log π_θ``.
 
    **Importance-weighted groups** (``staleAction: ImportanceWeight`` and staleness > 0, as
-   :func:`echo_runtime.coordinator.staleness.admit` decides) use the *decoupled* objective of Hilton et al.
+   :func:`echo_runtime.staleness.admit` decides) use the *decoupled* objective of Hilton et al.
    2022 (§3, "Batch size-invariance for policy optimization") instead: the proximal policy is the trainer's
    policy before this step, ``π_prox = sg(π_θ)``; the gap from the behaviour policy (staleness and
    mismatch together) is corrected by the truncated weight ``min(π_prox/μ, C)``, and the clip applies to

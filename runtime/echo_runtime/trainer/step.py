@@ -3,7 +3,7 @@
 The step that turns version ``t`` into ``t + 1`` works in two parts:
 
 * :func:`plan_step` (pure) decides what is consumed. It asks the staleness rule —
-  :func:`echo_runtime.coordinator.staleness.admit`, the same function the coordinator enforces — about
+  :func:`echo_runtime.staleness.admit`, the same function the coordinator enforces — about
   every group: groups it refuses are dropped (never trained on, whatever the coordinator sent), groups
   it marks ``importance_weighted`` get the decoupled, truncated-importance-weighted surrogate. It then
   computes GRPO advantages per group and the batch totals that fix every token's weight.
@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from echo_runtime.coordinator import staleness
+from echo_runtime import staleness
 from echo_runtime.spec.policy import Algorithm
 from echo_runtime.trainer import loss
 from echo_runtime.trainer.batch import Batch, Slot, micro_batches

@@ -15,7 +15,9 @@ import httpx
 import pytest
 from coordinator_procs import REPO, RunningCoordinator
 
-from echo_runtime.coordinator import client, staleness, wire
+from echo_runtime import staleness
+
+from echo_runtime.coordinator import client, wire
 
 pytestmark = pytest.mark.timeout(180)  # a hang fails fast, with a traceback
 

@@ -18,7 +18,7 @@ import safetensors.torch
 import torch
 from trainer_scripted import ScriptedCoordinator, make_job
 
-from echo_runtime.coordinator import staleness
+from echo_runtime import staleness
 from echo_runtime.snapshots import open_store, payloads
 from echo_runtime.spec.policy import LoRA, Model
 from echo_runtime.trainer import distributed, loop, step

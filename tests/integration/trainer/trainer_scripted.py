@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from echo_runtime import spec
-from echo_runtime.coordinator import staleness, wire
+from echo_runtime import staleness
+from echo_runtime.coordinator import wire
 
 PROMPTS = ["3 + 4 =", "12 - 5 =", "7 * 6 =", "9 + 9 ="]
 

@@ -6,7 +6,8 @@ import random
 from typing import Any
 
 from echo_runtime import tasks
-from echo_runtime.coordinator import staleness, state, wire
+from echo_runtime import staleness
+from echo_runtime.coordinator import state, wire
 from echo_runtime.coordinator.config import CoordinatorConfig
 
 VOCAB = 100

@@ -19,7 +19,9 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from echo_runtime.coordinator import staleness, state, wire
+from echo_runtime import staleness
+
+from echo_runtime.coordinator import state, wire
 
 
 class CoordinatorMachine(RuleBasedStateMachine):

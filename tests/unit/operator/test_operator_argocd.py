@@ -13,7 +13,7 @@ import pytest
 import yaml
 from operator_scenarios import doc, observation, worker
 
-from echo_operator import conditions, staleness
+from echo_operator import conditions, pool_lag
 from echo_operator import status as status_mod
 from echo_runtime.spec import SyncPolicySpec
 
@@ -84,6 +84,6 @@ def test_health_follows_the_operators_conditions(make_job: Any) -> None:
     status, message = health(echojob(computed(make_job, problems=problem)))
     assert (status, message) == ("Degraded", "ReferenceNotFound: SyncPolicy 'fast' not found")
     lagging = doc(t=17, workers=[worker("w1", "gpu", 10, stuck=True), worker("w2", "cpu", 16)])
-    behind = staleness.pools_behind(lagging, SyncPolicySpec(max_staleness=2))
+    behind = pool_lag.pools_behind(lagging, SyncPolicySpec(max_staleness=2))
     status, message = health(echojob(computed(make_job, coordinator=lagging, behind=behind)))
     assert status == "Degraded" and message.startswith("PoolFallingBehind: ") and "pool gpu" in message

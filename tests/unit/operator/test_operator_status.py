@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from operator_scenarios import doc, observation, worker
 
-from echo_operator import conditions, staleness
+from echo_operator import conditions, pool_lag
 from echo_operator import status as status_mod
 from echo_operator.conditions import Condition
 from echo_runtime.coordinator import wire
@@ -128,7 +128,7 @@ def test_completed_and_suspended(make_job: Any) -> None:
 
 def test_staleness_bound_false_names_the_pools_that_cannot_keep_up(make_job: Any) -> None:
     d = doc(t=17, workers=[worker("w1", "gpu", 10, stuck=True), worker("w2", "cpu", 16)])
-    behind = staleness.pools_behind(d, SyncPolicySpec(max_staleness=2))
+    behind = pool_lag.pools_behind(d, SyncPolicySpec(max_staleness=2))
     cond = by_type(
         status_mod.conditions(observation(make_job, coordinator=d, behind=behind, restarted=("p1",)))
     )
@@ -213,27 +213,27 @@ def test_transitions_are_news_only_when_something_changed() -> None:
 
 def test_pools_behind_use_the_staleness_rule_per_mode() -> None:
     d = doc(t=10, workers=[worker("a", "gpu", 8), worker("b", "cpu", 7), worker("c", "mac", None)])
-    assert set(staleness.pools_behind(d, SyncPolicySpec(mode="Async", max_staleness=2))) == {"cpu"}
-    assert set(staleness.pools_behind(d, SyncPolicySpec(mode="Async", max_staleness=3))) == set()
+    assert set(pool_lag.pools_behind(d, SyncPolicySpec(mode="Async", max_staleness=2))) == {"cpu"}
+    assert set(pool_lag.pools_behind(d, SyncPolicySpec(mode="Async", max_staleness=3))) == set()
     seq = SyncPolicySpec(mode="Sequential", max_staleness=3, refresh_threshold=1)
-    assert set(staleness.pools_behind(d, seq)) == {"gpu", "cpu"}  # Sequential's bound is refreshThreshold
-    lag = staleness.pools_behind(d, seq)["cpu"]
+    assert set(pool_lag.pools_behind(d, seq)) == {"gpu", "cpu"}  # Sequential's bound is refreshThreshold
+    lag = pool_lag.pools_behind(d, seq)["cpu"]
     assert (lag.staleness, lag.bound) == (3, 1)
     assert "refreshThreshold 1" in lag.describe("Sequential")
 
 
 def test_a_stuck_worker_puts_its_pool_behind_even_within_the_bound() -> None:
     d = doc(t=10, workers=[worker("a", "gpu", 10, stuck=True)])
-    assert staleness.pools_behind(d, SyncPolicySpec(max_staleness=2))["gpu"].stuck == ("a",)
+    assert pool_lag.pools_behind(d, SyncPolicySpec(max_staleness=2))["gpu"].stuck == ("a",)
 
 
 def test_only_a_persistent_lag_counts() -> None:
-    since = staleness.track({"gpu"}, {}, now=100.0)
-    assert staleness.cannot_keep_up(since, 110.0, grace_s=30.0) == []
-    since = staleness.track({"gpu", "cpu"}, since, now=131.0)
+    since = pool_lag.track({"gpu"}, {}, now=100.0)
+    assert pool_lag.cannot_keep_up(since, 110.0, grace_s=30.0) == []
+    since = pool_lag.track({"gpu", "cpu"}, since, now=131.0)
     assert since == {"gpu": 100.0, "cpu": 131.0}
-    assert staleness.cannot_keep_up(since, 131.0, grace_s=30.0) == ["gpu"]
-    assert staleness.track({"cpu"}, since, now=140.0) == {"cpu": 131.0}  # gpu caught up: forgotten
+    assert pool_lag.cannot_keep_up(since, 131.0, grace_s=30.0) == ["gpu"]
+    assert pool_lag.track({"cpu"}, since, now=140.0) == {"cpu": 131.0}  # gpu caught up: forgotten
 
 
 class HostedWorker(wire.WorkerStatus):
@@ -252,11 +252,11 @@ def test_restarts_only_our_stuck_pods_and_not_too_often() -> None:
     ]
     d = doc().model_copy(update={"workers": [HostedWorker.model_validate(w) for w in workers]})
     pods = {"gpu": ["demo-gpu-7d9-abcde", "demo-gpu-7d9-fghij"], "cpu": ["demo-cpu-1"]}
-    out = staleness.restarts(d, pods, {}, now=100.0, cooldown_s=60.0)
+    out = pool_lag.restarts(d, pods, {}, now=100.0, cooldown_s=60.0)
     assert [(r.pool, r.pod, r.worker, r.loaded_version) for r in out] == [
         ("gpu", "demo-gpu-7d9-abcde", "demo-gpu-7d9-abcde", 3),
         ("gpu", "demo-gpu-7d9-fghij", "w-2", 3),
     ]
-    again = staleness.restarts(d, pods, {"demo-gpu-7d9-abcde": 80.0}, now=100.0, cooldown_s=60.0)
+    again = pool_lag.restarts(d, pods, {"demo-gpu-7d9-abcde": 80.0}, now=100.0, cooldown_s=60.0)
     assert [r.pod for r in again] == ["demo-gpu-7d9-fghij"]
-    assert [w.id for w in staleness.stuck_external(d)] == ["mac-1"]
+    assert [w.id for w in pool_lag.stuck_external(d)] == ["mac-1"]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from echo_runtime.backends import snapshot_files
-from echo_runtime.coordinator import staleness
+from echo_runtime import staleness
 from echo_runtime.trainer import checkpoint as ckpt
 from echo_runtime.trainer import step
 from echo_runtime.trainer.batch import Batch

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from echo_runtime.coordinator import staleness
+from echo_runtime import staleness
 from echo_runtime.trainer import step
 from echo_runtime.trainer.batch import Batch, Group, Rollout, shard
 from echo_runtime.trainer.policy import TrainablePolicy, completion_logprobs, pack

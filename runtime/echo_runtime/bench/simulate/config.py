@@ -19,7 +19,7 @@ Promises:
   naming the key (``workerClasses[1].groupSeconds``), what was given and what is allowed. Unknown keys
   are errors too, so a typo never silently falls back to a default.
 * :meth:`SimConfig.to_mapping` and :func:`config_from_mapping` round-trip.
-* The staleness parameters become a :class:`~echo_runtime.coordinator.staleness.StalenessPolicy`, the
+* The staleness parameters become a :class:`~echo_runtime.staleness.StalenessPolicy`, the
   coordinator's own: the simulator decides admissions with the real :func:`~.staleness.admit`.
 """
 
@@ -35,7 +35,7 @@ from typing import Any, TypeVar, get_args
 
 import yaml
 
-from echo_runtime.coordinator import staleness
+from echo_runtime import staleness
 
 MODES = get_args(staleness.Mode)
 STALE_ACTIONS = get_args(staleness.StaleAction)

@@ -6,7 +6,7 @@ The protocol is the coordinator's own (:mod:`echo_runtime.coordinator.state`), n
   bounded buffer, backpressure (leasing pauses when pending + leased + buffered reach the capacity) and
   re-issue of expired leases are the production code's;
 * every admission — a group arriving, buffered groups when a version is announced, each group of a
-  batch — is decided by :func:`echo_runtime.coordinator.staleness.admit`;
+  batch — is decided by :func:`echo_runtime.staleness.admit`;
 * a worker's round is the worker loop's (:mod:`echo_runtime.worker.loop`): load the newest published
   version if told to (its version is below ``minVersion = t_train − bound`` and a newer one exists, or it
   just registered after version 0), lease up to ``capacity`` groups, generate them as one batch with the
@@ -50,7 +50,8 @@ from collections.abc import Iterable
 
 from echo_runtime.bench.simulate import results
 from echo_runtime.bench.simulate.config import SimConfig, WorkerClass
-from echo_runtime.coordinator import buffer, staleness
+from echo_runtime import staleness
+from echo_runtime.coordinator import buffer
 
 # Event kinds (small ints: the heap compares tuples, and dispatch indexes a list).
 _JOIN, _POLL, _LOAD_DONE, _GEN_DONE, _FAIL, _RELEASE, _DEADLINE, _TRAINER_START, _STEP_DONE, _PUBLISH_DONE = (

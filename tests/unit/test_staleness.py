@@ -1,4 +1,4 @@
-"""The staleness rule (coordinator.staleness.admit): a table of cases and its properties."""
+"""The staleness rule (echo_runtime.staleness.admit): a table of cases and its properties."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from echo_runtime.coordinator import staleness
+from echo_runtime import staleness
 from echo_runtime.spec import SyncPolicySpec
 
 policies = st.builds(

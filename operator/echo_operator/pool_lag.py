@@ -1,6 +1,6 @@
 """Δmax from the cluster's side: which pools cannot keep up, and which worker pods to restart.
 
-The coordinator enforces the bound on every group (:func:`echo_runtime.coordinator.staleness.admit`,
+The coordinator enforces the bound on every group (:func:`echo_runtime.staleness.admit`,
 the one place the rule lives); nothing consumed is ever staler than Δmax. What the coordinator cannot
 do is fix a pool whose workers lag: their groups are dropped (or down-weighted), throughput falls, and
 the job looks healthy while it wastes the pool. This module decides, from the status document:
@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 
-from echo_runtime.coordinator import staleness as rule
+from echo_runtime import staleness as rule
 from echo_runtime.coordinator import wire
 from echo_runtime.spec import SyncPolicySpec
 

@@ -1,5 +1,9 @@
 """The staleness rule: may a group be consumed at a trainer version, and how. One pure function.
 
+It lives at the top of the runtime because every part that reasons about Δmax imports it: the
+coordinator (admission, pacing), the trainer (its own check on every batch), the simulator and the
+operator (which pools cannot keep up).
+
 Definitions (DESIGN.md): a rollout produced by policy version ``v`` and consumed by the optimizer step
 that turns ``t`` into ``t+1`` has *staleness* ``t - v``. A group's version is the *oldest* version of its
 rollouts, so the group's staleness is the largest of its rollouts'. ``maxStaleness`` (Δmax) bounds it.
