@@ -4,6 +4,10 @@
 #   kube-apiserver  from k8s.io/kubernetes, in a throwaway Go module that pins the k8s.io/* staging
 #   kubectl           modules to the matching v0.X.Y with `replace` lines (they are `./staging/...`
 #   etcd              replaces in Kubernetes' own go.mod, which `go build` of a dependency cannot use)
+#   kubelet, kube-controller-manager, kube-scheduler, kube-proxy
+#                   the node and the rest of the control plane, from the same module (the e2e tier)
+#   coredns         the cluster DNS (github.com/coredns/coredns)
+#   kwok            simulated nodes (sigs.k8s.io/kwok), with its Stage manifests in ../kwok-stages/
 # Idempotent: binaries are cached under $ECHORL_TESTBIN (default ~/.cache/echorl/testbin/<pins>/bin);
 # a warm cache returns in well under a second. Prints the bin directory on the last line of stdout.
 set -euo pipefail
@@ -12,10 +16,15 @@ set -euo pipefail
 KUBERNETES_VERSION="${KUBERNETES_VERSION:-v1.34.4}"            # kube-apiserver, kubectl
 ETCD_VERSION="${ETCD_VERSION:-v3.6.4}"                          # the etcd Kubernetes v1.34 is tested with
 MINIO_VERSION="${MINIO_VERSION:-v0.0.0-20260212201848-7aac2a2c5b7c}"  # MinIO publishes pseudo-versions only
+COREDNS_VERSION="${COREDNS_VERSION:-v1.15.0}"
+KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
 # ---------------------------------------------------------------------------------------------
 
-RECIPE=2  # bump when the build recipe below changes, so caches rebuild
+RECIPE=3  # bump when the build recipe below changes, so caches rebuild
 tag="r${RECIPE}_k8s-${KUBERNETES_VERSION}_etcd-${ETCD_VERSION}_minio-${MINIO_VERSION##*-}"
+tag+="_coredns-${COREDNS_VERSION}_kwok-${KWOK_VERSION}"
+KUBE_COMMANDS=(kube-apiserver kubectl kube-controller-manager kube-scheduler kubelet kube-proxy)
+ALL=("${KUBE_COMMANDS[@]}" etcd minio coredns kwok)
 root="${ECHORL_TESTBIN:-${XDG_CACHE_HOME:-$HOME/.cache}/echorl/testbin}/${tag}"
 bin="$root/bin"
 mkdir -p "$bin"
@@ -27,17 +36,41 @@ export GOTOOLCHAIN=local
 
 have() { [ -x "$bin/$1" ] && [ -f "$bin/$1.ok" ]; }
 
-build_minio() {
-  have minio && return 0
-  log "building minio ${MINIO_VERSION} (first time only; several minutes on 2 cores)"
+
+have_all() {
+  local name
+  for name in "$@"; do have "$name" || return 1; done
+}
+
+build_go_install() {  # NAME MODULE-PATH@VERSION: a command whose module builds with plain `go install`
+  have "$1" && return 0
+  log "building $1 ($2)"
   local start=$SECONDS
-  GOBIN="$bin" go install "github.com/minio/minio@${MINIO_VERSION}"
-  touch "$bin/minio.ok"
-  log "minio built in $((SECONDS - start)) s"
+  GOBIN="$bin" go install "$2"
+  touch "$bin/$1.ok"
+  log "$1 built in $((SECONDS - start)) s"
+}
+
+build_kwok() {
+  # kwok exits with "no stages found" unless it is given its Stage manifests, which live in its
+  # module: copy the ones the test cluster uses next to the binary.
+  if have kwok && [ -d "$root/kwok-stages" ]; then return 0; fi
+  rm -f "$bin/kwok.ok"
+  build_go_install kwok "sigs.k8s.io/kwok/cmd/kwok@${KWOK_VERSION}"
+  local dir
+  dir=$(GOFLAGS= go mod download -json "sigs.k8s.io/kwok@${KWOK_VERSION}" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+  rm -rf "$root/kwok-stages.tmp" && mkdir -p "$root/kwok-stages.tmp"
+  cp "$dir"/kustomize/stage/node/fast/node-initialize.yaml \
+    "$dir"/kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+    "$dir"/kustomize/stage/pod/fast/pod-ready.yaml \
+    "$dir"/kustomize/stage/pod/fast/pod-complete.yaml \
+    "$dir"/kustomize/stage/pod/fast/pod-delete.yaml "$root/kwok-stages.tmp/"
+  chmod -R u+w "$root/kwok-stages.tmp"
+  mv "$root/kwok-stages.tmp" "$root/kwok-stages"
 }
 
 build_kube() {
-  if have kube-apiserver && have kubectl && have etcd; then return 0; fi
+  if have_all "${KUBE_COMMANDS[@]}" etcd; then return 0; fi
   local mod="$root/kube-module" start=$SECONDS
   mkdir -p "$mod"
   log "preparing Go module for Kubernetes ${KUBERNETES_VERSION} (staging modules pinned by replace)"
@@ -70,25 +103,33 @@ GO
   (
     cd "$mod"
     go get "k8s.io/kubernetes@${KUBERNETES_VERSION}" "go.etcd.io/etcd/server/v3@${ETCD_VERSION}"
-    log "compiling kube-apiserver (first time only; the longest step)"
-    go build -ldflags "$ldflags" -o "$bin/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver && touch "$bin/kube-apiserver.ok"
-    log "compiling kubectl"
-    go build -ldflags "$ldflags" -o "$bin/kubectl" k8s.io/kubernetes/cmd/kubectl && touch "$bin/kubectl.ok"
-    log "compiling etcd ${ETCD_VERSION}"
-    go build -o "$bin/etcd" go.etcd.io/etcd/server/v3 && touch "$bin/etcd.ok"
+    for cmd in "${KUBE_COMMANDS[@]}"; do
+      have "$cmd" && continue
+      log "compiling $cmd (the first, kube-apiserver, is the longest step)"
+      local t=$SECONDS
+      go build -ldflags "$ldflags" -o "$bin/$cmd" "k8s.io/kubernetes/cmd/$cmd" && touch "$bin/$cmd.ok"
+      log "$cmd compiled in $((SECONDS - t)) s"
+    done
+    if ! have etcd; then
+      log "compiling etcd ${ETCD_VERSION}"
+      go build -o "$bin/etcd" go.etcd.io/etcd/server/v3 && touch "$bin/etcd.ok"
+    fi
   )
   log "Kubernetes binaries built in $((SECONDS - start)) s"
 }
 
 # One build at a time per cache: a second caller (another test run, a helper) waits for the first.
-if ! { have minio && have kube-apiserver && have kubectl && have etcd; }; then
+if ! have_all "${ALL[@]}" || [ ! -d "$root/kwok-stages" ]; then
   exec 9>"$root/.lock"
   if ! flock -n 9; then
     log "another build is running in $root; waiting for it"
     flock 9
   fi
-  build_minio
+  # MinIO publishes pseudo-versions only; several minutes on 2 cores the first time.
+  build_go_install minio "github.com/minio/minio@${MINIO_VERSION}"
   build_kube
+  build_go_install coredns "github.com/coredns/coredns@${COREDNS_VERSION}"
+  build_kwok
 fi
 "$bin/kube-apiserver" --version >&2
 "$bin/etcd" --version | sed -n 1p >&2
