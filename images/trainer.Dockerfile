@@ -1,14 +1,29 @@
-# The GRPO trainer: torch from PyPI (the CUDA build, which also runs on CPU), peft, and torchrun for
-# multi-GPU and multi-node groups (the operator runs `torchrun --no-python ... echorl trainer ...`).
-FROM python:3.11-slim
+# The GRPO trainer: torch (the CUDA build from PyPI by default, which also runs on CPU), peft, and
+# torchrun for multi-GPU and multi-node groups (the operator runs `torchrun --no-python ... echorl
+# trainer ...`).
+#
+# Build arguments (images/README.md): BASE, any image with Python 3.11 and its venv module;
+# PIP_INDEX_URL, the Python package index; TORCH_INDEX_URL, an extra index searched for torch first
+# (empty by default: torch from PIP_INDEX_URL).
+ARG BASE=python:3.11-slim
+FROM ${BASE}
+ARG PIP_INDEX_URL=https://pypi.org/simple
+ARG TORCH_INDEX_URL=
 
-ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PATH=/opt/echorl/bin:$PATH \
     HOME=/tmp ECHORL_CACHE_DIR=/cache/echorl HF_HOME=/cache/huggingface
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml ./
+# The same dependency layer as worker-cpu.Dockerfile's (identical lines: built and stored once).
+RUN python3 -m venv /opt/echorl \
+ && python3 -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" >/tmp/requirements.txt \
+ && pip install --index-url "$PIP_INDEX_URL" ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} \
+      -r /tmp/requirements.txt "setuptools>=69" wheel \
+ && rm /tmp/requirements.txt
+COPY README.md ./
 COPY runtime runtime
 COPY operator operator
-RUN pip install . \
+RUN pip install --index-url "$PIP_INDEX_URL" --no-deps --no-build-isolation . \
  && echorl trainer --help >/dev/null \
  && torchrun --help >/dev/null \
  && rm -rf /src

@@ -1,17 +1,35 @@
-# CPU image: the coordinator, and inference workers with the transformers backend (torch CPU wheels)
-# or the mlx backend (mlx[cpu] on Linux). Also a fine base for CPU-only trainers.
-FROM python:3.11-slim
+# CPU image: the coordinator, and inference workers with the transformers backend or the mlx backend
+# (mlx[cpu] on Linux). Also a fine base for CPU-only trainers.
+#
+# Build arguments (images/README.md): BASE, any image with Python 3.11 and its venv module;
+# PIP_INDEX_URL, the Python package index; TORCH_INDEX_URL, an extra index searched for torch first
+# (PyTorch's CPU wheels by default, a few hundred MB instead of several GB of CUDA libraries; empty:
+# torch from PIP_INDEX_URL, the CUDA build, which also runs on CPU).
+ARG BASE=python:3.11-slim
+FROM ${BASE}
+ARG PIP_INDEX_URL=https://pypi.org/simple
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 
-ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PATH=/opt/echorl/bin:$PATH \
     HOME=/tmp ECHORL_CACHE_DIR=/cache/echorl HF_HOME=/cache/huggingface
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml ./
+# Dependencies first, in the same layer as trainer.Dockerfile's (identical lines, so a builder with a
+# layer cache builds and stores it once), then Echo itself: a source change rebuilds only the last layer.
+RUN python3 -m venv /opt/echorl \
+ && python3 -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" >/tmp/requirements.txt \
+ && pip install --index-url "$PIP_INDEX_URL" ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} \
+      -r /tmp/requirements.txt "setuptools>=69" wheel \
+ && rm /tmp/requirements.txt
+RUN python3 -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['mlx']))" >/tmp/mlx.txt \
+ && pip install --index-url "$PIP_INDEX_URL" -r /tmp/mlx.txt \
+ && rm /tmp/mlx.txt
+COPY README.md ./
 COPY runtime runtime
 COPY operator operator
-# torch's CPU wheels keep the image a few hundred MB instead of several GB of CUDA libraries.
-RUN pip install --index-url https://download.pytorch.org/whl/cpu "torch==2.15.0" \
- && pip install ".[mlx]" \
+RUN pip install --index-url "$PIP_INDEX_URL" --no-deps --no-build-isolation . \
  && echorl --help >/dev/null \
+ && python -c "import torch, transformers, mlx.core" \
  && rm -rf /src
 
 USER 1000:1000

@@ -1,0 +1,206 @@
+#!/usr/bin/env bash
+# Builds Echo's container images for real, with podman, without any image registry:
+#
+#   scripts/images.sh                  build what is missing; print the JSON image list's path (last line)
+#   scripts/images.sh import SOCKET LIST   copy the images of LIST that containerd (at SOCKET) lacks into it
+#
+# 1. a base image made from Debian packages: debootstrap (minbase + python3, python3-venv,
+#    ca-certificates) from the Debian mirror, imported into podman's store;
+# 2. a wheelhouse: the wheels the images install, downloaded once from PyPI with pip;
+# 3. images/{operator,worker-cpu,trainer}.Dockerfile and the test images in tests/e2e/images/, built
+#    with BASE=<that base> and PIP_INDEX_URL=http://127.0.0.1:3141/simple, a package index over the
+#    wheelhouse (scripts/pyindex.py). Builds run inside a network namespace of their own that has
+#    nothing but loopback: they reach that index and nothing else.
+#
+# Everything is cached under $ECHORL_CACHE_DIR/images (default ~/.cache/echorl/images), keyed by
+# content: the base by its recipe, the wheelhouse by pyproject.toml, each image by its Dockerfile,
+# build arguments, base, wheelhouse and the files it copies. A warm cache builds nothing. Needs root
+# (podman's and containerd's stores, network namespaces). images/README.md says why it is built so.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+
+# --- the recipe ------------------------------------------------------------------------------
+SUITE="${ECHORL_DEBIAN_SUITE:-bookworm}"                     # Python 3.11, like the project
+MIRROR="${ECHORL_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+BASE_PACKAGES="python3,python3-venv,ca-certificates"
+INDEX_PORT=3141   # fixed: the index URL is a build argument, part of every layer's cache key
+RECIPE=1          # bump when this script's recipe changes, so images rebuild
+IMAGES=(operator worker-cpu trainer)                        # images/<name>.Dockerfile
+TEST_IMAGES=(pause minio failing-trainer)                   # tests/e2e/images/<name>.Dockerfile
+# ---------------------------------------------------------------------------------------------
+
+CACHE="${ECHORL_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/echorl}/images"
+log() { printf '[images %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+sha() { sha256sum | cut -c1-"${1:-16}"; }
+mkdir -p "$CACHE"/{podman,tmp,wheels}
+
+# podman with a store of its own (not the system's), runc (crun fails on cgroup v1 hybrid), the
+# rlimits root may actually set here, no registry to resolve short names against.
+STORE_KEY=$(printf '%s' "$CACHE" | sha 12)
+cat >"$CACHE/podman/storage.conf" <<EOF
+[storage]
+driver = "overlay"
+graphroot = "$CACHE/podman/storage"
+runroot = "/run/echorl-podman/$STORE_KEY"
+EOF
+cat >"$CACHE/podman/containers.conf" <<'EOF'
+[containers]
+default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
+netns = "host"
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+EOF
+printf 'unqualified-search-registries = []\n' >"$CACHE/podman/registries.conf"
+export CONTAINERS_STORAGE_CONF="$CACHE/podman/storage.conf"
+export CONTAINERS_CONF="$CACHE/podman/containers.conf"
+export CONTAINERS_REGISTRIES_CONF="$CACHE/podman/registries.conf"
+export TMPDIR="$CACHE/tmp"
+pm() { podman --events-backend file "$@"; }
+
+# --- import into a containerd ----------------------------------------------------------------
+if [ "${1:-}" = import ]; then
+  sock="${2:?usage: scripts/images.sh import CONTAINERD_SOCKET}"
+  list="${3:?usage: scripts/images.sh import CONTAINERD_SOCKET IMAGE_LIST}"
+  have=$(ctr --address "$sock" -n k8s.io images ls -q)
+  for ref in $(python3 -c 'import json,sys; print(" ".join(json.load(open(sys.argv[1])).values()))' "$list"); do
+    grep -qxF "$ref" <<<"$have" && continue
+    log "importing $ref into containerd"
+    start=$SECONDS
+    rm -f "$TMPDIR/import.tar"
+    pm save --format oci-archive -o "$TMPDIR/import.tar" "$ref" >&2
+    ctr --address "$sock" -n k8s.io images import --index-name "$ref" "$TMPDIR/import.tar" >&2
+    rm -f "$TMPDIR/import.tar"
+    log "imported $ref in $((SECONDS - start)) s"
+  done
+  exit 0
+fi
+
+scripts/hostpkgs.sh
+
+# --- 1. the base: Debian packages, no registry -----------------------------------------------
+base="localhost/echorl/debian-python:$(printf '%s\n' "$RECIPE" "$SUITE" "$MIRROR" "$BASE_PACKAGES" | sha 12)"
+if ! pm image exists "$base"; then
+  log "making the base image $base (debootstrap $SUITE: $BASE_PACKAGES)"
+  start=$SECONDS
+  rootfs="$TMPDIR/rootfs.$$"
+  trap 'umount -R "$rootfs/proc" "$rootfs/sys" 2>/dev/null || true; rm -rf "$rootfs"' EXIT
+  debootstrap --variant=minbase --include="$BASE_PACKAGES" "$SUITE" "$rootfs" "$MIRROR" >"$TMPDIR/debootstrap.log" 2>&1 \
+    || { tail -20 "$TMPDIR/debootstrap.log" >&2; exit 1; }
+  rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/log/*.log
+  tar --numeric-owner -C "$rootfs" -c . | pm import --message "debootstrap $SUITE $BASE_PACKAGES" - "$base" >&2
+  rm -rf "$rootfs"
+  trap - EXIT
+  log "base image ready in $((SECONDS - start)) s"
+fi
+
+# --- 2. the wheelhouse: every wheel the images install, from PyPI, once ----------------------
+requirements() {
+  python3 - "$REPO/pyproject.toml" <<'PY'
+import sys, tomllib
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+print("\n".join(project["dependencies"] + project["optional-dependencies"]["mlx"]))
+print("setuptools>=69\nwheel")
+PY
+}
+wheels="$CACHE/wheels/$( (requirements; python3 --version) | sha 12)"
+if [ ! -f "$wheels/.complete" ]; then
+  log "downloading the wheelhouse into $wheels (first time: a few GB from PyPI)"
+  start=$SECONDS
+  rm -rf "$wheels" && mkdir -p "$wheels"
+  requirements >"$wheels/requirements.txt"
+  # Debian's python3 has no pip; a small venv of its own has (the images' Python is the same 3.11).
+  [ -x "$CACHE/pip/bin/pip" ] || python3 -m venv "$CACHE/pip"
+  "$CACHE/pip/bin/pip" download -q --disable-pip-version-check --only-binary=:all: \
+    -d "$wheels" -r "$wheels/requirements.txt" >&2
+  touch "$wheels/.complete"
+  log "wheelhouse ready in $((SECONDS - start)) s ($(du -sh "$wheels" | cut -f1))"
+fi
+
+# --- 3. the images -----------------------------------------------------------------------------
+# The build context: only the files a Dockerfile copies, as git sees them (tracked and new files,
+# never ignored ones such as __pycache__), so the key below is a key of what goes in.
+context="$TMPDIR/context.$$"
+rm -rf "$context" && mkdir -p "$context"
+cleanup() {
+  if [ -n "${index_pid:-}" ]; then kill "$index_pid" 2>/dev/null || true; wait "$index_pid" 2>/dev/null || true; fi
+  if [ -n "${netns:-}" ]; then ip netns delete "$netns" 2>/dev/null || true; fi
+  rm -rf "$context" "$TMPDIR/test-context.$$"
+}
+trap cleanup EXIT
+git ls-files -z -c -o --exclude-standard -- pyproject.toml README.md runtime operator \
+  | tar --null -T - -c | tar -x -C "$context"
+src_key=$(tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -C "$context" -c . | sha)
+
+netns=""
+start_builder() {  # a network namespace with only loopback, and the package index inside it
+  [ -n "$netns" ] && return 0
+  netns="echorl-build-$$"
+  ip netns add "$netns"
+  ip -n "$netns" link set lo up
+  nsenter --net="/run/netns/$netns" python3 scripts/pyindex.py "$wheels" --port "$INDEX_PORT" >"$TMPDIR/pyindex.log" 2>&1 &
+  index_pid=$!
+  for _ in $(seq 50); do
+    nsenter --net="/run/netns/$netns" python3 -c \
+      "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$INDEX_PORT/simple/')" 2>/dev/null && return 0
+    sleep 0.2
+  done
+  cat "$TMPDIR/pyindex.log" >&2
+  return 1
+}
+
+declare -A built
+build() {  # NAME DOCKERFILE CONTEXT KEY-EXTRA
+  local name=$1 dockerfile=$2 ctx=$3 extra=$4 key ref start
+  key=$( (cat "$dockerfile"; echo "$RECIPE $base $wheels $extra") | sha)
+  ref="localhost/echorl/$name:$key"
+  built[$name]=$ref
+  pm image exists "$ref" && return 0
+  start_builder
+  log "building $ref from $dockerfile"
+  start=$SECONDS
+  nsenter --net="/run/netns/$netns" podman --events-backend file build --pull=never --layers \
+    --network host --runtime runc \
+    --build-arg "BASE=$base" \
+    --build-arg "PIP_INDEX_URL=http://127.0.0.1:$INDEX_PORT/simple" \
+    --build-arg "TORCH_INDEX_URL=" \
+    -t "$ref" -f "$dockerfile" "$ctx" >"$TMPDIR/build-$name.log" 2>&1 \
+    || { tail -40 "$TMPDIR/build-$name.log" >&2; log "build of $name failed (log: $TMPDIR/build-$name.log)"; exit 1; }
+  log "built $ref in $((SECONDS - start)) s ($(pm image inspect --format '{{.Size}}' "$ref" | awk '{printf "%.0f MB", $1/1e6}'))"
+}
+
+for name in "${IMAGES[@]}"; do
+  build "$name" "images/$name.Dockerfile" "$context" "$src_key"
+done
+
+# Test images: a pause container (the pod sandbox containerd expects), the dev MinIO of
+# manifests/dev-minio.yaml from the minio this repo builds, and a trainer that fails on purpose.
+bin="${ECHORL_TESTBIN_DIR:-$(scripts/testbin.sh | tail -n 1)}"
+test_ctx="$TMPDIR/test-context.$$"
+rm -rf "$test_ctx" && mkdir -p "$test_ctx"
+cp tests/e2e/images/* "$test_ctx/"
+gcc -static -O2 -o "$test_ctx/pause" tests/e2e/images/pause.c
+cp "$bin/minio" "$test_ctx/minio"
+test_key=$(tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -C "$test_ctx" -c . | sha)
+for name in "${TEST_IMAGES[@]}"; do
+  build "test-$name" "tests/e2e/images/$name.Dockerfile" "$test_ctx" "$test_key"
+done
+
+mkdir -p "$CACHE/lists"
+list="$CACHE/lists/$(for n in "${!built[@]}"; do echo "$n ${built[$n]}"; done | sort | sha 12).json"
+{
+  echo "{"
+  first=1
+  for name in "${IMAGES[@]}" "${TEST_IMAGES[@]/#/test-}"; do
+    [ $first = 1 ] || echo ","
+    first=0
+    printf '  "%s": "%s"' "$name" "${built[$name]}"
+  done
+  echo
+  echo "}"
+} >"$list.tmp"
+mv "$list.tmp" "$list"
+log "ready: $list"
+echo "$list"
