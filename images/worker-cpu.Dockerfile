@@ -12,12 +12,17 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PATH=/opt/echorl/bin:$PATH \
     HOME=/tmp ECHORL_CACHE_DIR=/cache/echorl HF_HOME=/cache/huggingface
+# torch first, in a layer of its own (GBs with its CUDA libraries): a change to any other dependency
+# leaves it cached. TORCH is the requirement (scripts/images.sh passes pyproject.toml's pin; the
+# next layer installs the pinned version anyway).
+ARG TORCH=torch
+RUN python3 -m venv /opt/echorl \
+ && pip install --index-url "$PIP_INDEX_URL" ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} "$TORCH"
 WORKDIR /src
 COPY pyproject.toml ./
 # Dependencies first, in the same layer as trainer.Dockerfile's (identical lines, so a builder with a
 # layer cache builds and stores it once), then Echo itself: a source change rebuilds only the last layer.
-RUN python3 -m venv /opt/echorl \
- && python3 -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" >/tmp/requirements.txt \
+RUN python3 -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" >/tmp/requirements.txt \
  && pip install --index-url "$PIP_INDEX_URL" ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} \
       -r /tmp/requirements.txt "setuptools>=69" wheel \
  && rm /tmp/requirements.txt
