@@ -8,6 +8,7 @@
 #                   the node and the rest of the control plane, from the same module (the e2e tier)
 #   coredns         the cluster DNS (github.com/coredns/coredns)
 #   kwok            simulated nodes (sigs.k8s.io/kwok), with its Stage manifests in ../kwok-stages/
+#   crictl          the CRI client (sigs.k8s.io/cri-tools): the harness removes pod sandboxes with it
 # Idempotent: binaries are cached under $ECHORL_TESTBIN (default ~/.cache/echorl/testbin/<pins>/bin);
 # a warm cache returns in well under a second. Prints the bin directory on the last line of stdout.
 set -euo pipefail
@@ -18,13 +19,14 @@ ETCD_VERSION="${ETCD_VERSION:-v3.6.4}"                          # the etcd Kuber
 MINIO_VERSION="${MINIO_VERSION:-v0.0.0-20260212201848-7aac2a2c5b7c}"  # MinIO publishes pseudo-versions only
 COREDNS_VERSION="${COREDNS_VERSION:-v1.15.0}"
 KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
+CRICTL_VERSION="${CRICTL_VERSION:-v1.34.0}"
 # ---------------------------------------------------------------------------------------------
 
 RECIPE=3  # bump when the build recipe below changes, so caches rebuild
 tag="r${RECIPE}_k8s-${KUBERNETES_VERSION}_etcd-${ETCD_VERSION}_minio-${MINIO_VERSION##*-}"
-tag+="_coredns-${COREDNS_VERSION}_kwok-${KWOK_VERSION}"
+tag+="_coredns-${COREDNS_VERSION}_kwok-${KWOK_VERSION}_crictl-${CRICTL_VERSION}"
 KUBE_COMMANDS=(kube-apiserver kubectl kube-controller-manager kube-scheduler kubelet kube-proxy)
-ALL=("${KUBE_COMMANDS[@]}" etcd minio coredns kwok)
+ALL=("${KUBE_COMMANDS[@]}" etcd minio coredns kwok crictl)
 root="${ECHORL_TESTBIN:-${XDG_CACHE_HOME:-$HOME/.cache}/echorl/testbin}/${tag}"
 bin="$root/bin"
 mkdir -p "$bin"
@@ -130,6 +132,7 @@ if ! have_all "${ALL[@]}" || [ ! -d "$root/kwok-stages" ]; then
   build_kube
   build_go_install coredns "github.com/coredns/coredns@${COREDNS_VERSION}"
   build_kwok
+  build_go_install crictl "sigs.k8s.io/cri-tools/cmd/crictl@${CRICTL_VERSION}"
 fi
 "$bin/kube-apiserver" --version >&2
 "$bin/etcd" --version | sed -n 1p >&2

@@ -17,11 +17,17 @@ Fixtures
 ``kube_namespace`` (function)
     A fresh namespace name on ``kube_apiserver``; deleted afterwards (it stays ``Terminating``:
     there is no namespace controller).
+``kube_cluster`` (session)
+    A real one-node cluster (control plane, kubelet + containerd + runc, kube-proxy, CoreDNS, kwok)
+    inside a network namespace of its own with no route out: ``kubectl(*args)``, ``kubectl_json``,
+    ``run(argv)`` (inside the namespace), ``crictl(*args)``, ``images``, ``containment()``. Torn
+    down at the end; the session fails if anything of it is left on the host.
 
 Any test that uses one of these fixtures is marked ``services`` automatically, so
-``pytest -m "not services"`` runs only the fast tests and builds nothing. When service tests are
-selected, ``scripts/testbin.sh`` runs once right after collection (outside any per-test timeout);
-if it fails, every fixture that needs a binary fails with the script's output.
+``pytest -m "not services"`` runs only the fast tests and builds nothing; tests that use
+``kube_cluster`` are also marked ``e2e``. When service tests are selected, ``scripts/testbin.sh``
+runs once right after collection (outside any per-test timeout), and ``scripts/images.sh`` too when
+an e2e test is; if either fails, every fixture that needs it fails with the script's output.
 """
 
 from __future__ import annotations
@@ -36,15 +42,27 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # makes `services.*` importable
 
+from services import cluster as test_cluster
 from services import procs
 from services.kube import KubeApiServer, start_kube_apiserver
 from services.minio import MinioBucket, MinioServer, bucket_name, empty_and_remove_bucket, start_minio
 
 REPO_ROOT = procs.REPO_ROOT
 CRDS_DIR = REPO_ROOT / "crds"
-SERVICE_FIXTURES = frozenset({"minio_server", "minio", "kube_apiserver", "kube_namespace", "testbin_dir"})
+SERVICE_FIXTURES = frozenset(
+    {"minio_server", "minio", "kube_apiserver", "kube_namespace", "testbin_dir", "kube_cluster", "e2e_images"}
+)
+E2E_FIXTURES = frozenset({"kube_cluster", "e2e_images"})
 
 _testbin: Path | procs.ServiceError | None = None
+_images: Path | procs.ServiceError | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "e2e: runs on the real one-node test cluster (kube_cluster; root, images built by scripts/images.sh)",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -55,8 +73,14 @@ _testbin: Path | procs.ServiceError | None = None
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test that uses a service fixture ``services`` (before ``-m`` deselects)."""
     for item in items:
-        if SERVICE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        used = getattr(item, "fixturenames", ())
+        if SERVICE_FIXTURES.intersection(used):
             item.add_marker(pytest.mark.services)
+        if E2E_FIXTURES.intersection(used):
+            item.add_marker(pytest.mark.e2e)
+    # The e2e tier last: its cluster starts once the other tiers are done and holds the machine only
+    # for as long as it is needed (a session fixture lives until the end anyway).
+    items.sort(key=lambda item: item.get_closest_marker("e2e") is not None)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -80,6 +104,29 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         _testbin = exc
     if reporter is not None and isinstance(_testbin, Path):
         reporter.write_line(f"echorl: test binaries in {_testbin} ({time.monotonic() - start:.1f} s)")
+    if isinstance(_testbin, Path) and any(item.get_closest_marker("e2e") for item in session.items):
+        _build_images(reporter)
+
+
+def _build_images(reporter: object | None) -> None:
+    """Build (or find) the e2e images once, before any test runs."""
+    global _images
+    log_path = test_cluster.cache_root() / "images" / "last-run.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_bytes(b"")
+    write = getattr(reporter, "write_line", None)
+    if write is not None:
+        write(
+            f"echorl: running scripts/images.sh (instant when cached; a first build takes ~15 min; log: {log_path})"
+        )
+    start = time.monotonic()
+    os.environ.setdefault("ECHORL_TESTBIN_DIR", str(_testbin))
+    try:
+        _images = test_cluster.build_images(log_path)
+    except procs.ServiceError as exc:
+        _images = exc
+    if write is not None and isinstance(_images, Path):
+        write(f"echorl: images listed in {_images} ({time.monotonic() - start:.1f} s)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -147,3 +194,32 @@ def kube_namespace(kube_apiserver: KubeApiServer, request: pytest.FixtureRequest
             yield name
         finally:
             core.delete_namespace(name)
+
+
+@pytest.fixture(scope="session")
+def e2e_images(testbin_dir: Path) -> Path:
+    """The JSON list of images ``scripts/images.sh`` built (name → reference)."""
+    global _images
+    if _images is None:
+        _build_images(None)
+    if isinstance(_images, procs.ServiceError):
+        pytest.fail(f"e2e images unavailable:\n{_images}", pytrace=False)
+    assert _images is not None
+    return _images
+
+
+@pytest.fixture(scope="session")
+def kube_cluster(
+    testbin_dir: Path, e2e_images: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[test_cluster.Cluster]:
+    """The real one-node cluster in its own network namespace; nothing of it may outlive the session."""
+    try:
+        cluster = test_cluster.start_cluster(testbin_dir, tmp_path_factory.mktemp("kube-cluster"), e2e_images)
+    except procs.ServiceError as exc:
+        pytest.fail(f"the test cluster did not start:\n{exc}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        left = cluster.stop()
+        if left:
+            pytest.fail("the test cluster left this on the host:\n" + "\n".join(left), pytrace=False)

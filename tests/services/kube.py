@@ -61,7 +61,7 @@ class Pki:
     sa_pub: Path
 
 
-def _openssl(*args: str | os.PathLike[str], cwd: Path) -> None:
+def openssl(*args: str | os.PathLike[str], cwd: Path) -> None:
     proc = subprocess.run(
         ["openssl", *[os.fspath(a) for a in args]], cwd=cwd, capture_output=True, check=False
     )
@@ -72,18 +72,16 @@ def _openssl(*args: str | os.PathLike[str], cwd: Path) -> None:
         )
 
 
-def _ec_key(path: Path, cwd: Path) -> None:
-    _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", path, cwd=cwd)
+def ec_key(path: Path, cwd: Path) -> None:
+    openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", path, cwd=cwd)
 
 
-def _signed_cert(
-    pki_dir: Path, name: str, subject: str, extensions: str, ca_cert: Path, ca_key: Path
-) -> None:
+def signed_cert(pki_dir: Path, name: str, subject: str, extensions: str, ca_cert: Path, ca_key: Path) -> None:
     key, csr, crt, ext = (pki_dir / f"{name}.{s}" for s in ("key", "csr", "crt", "ext"))
-    _ec_key(key, pki_dir)
-    _openssl("req", "-new", "-key", key, "-subj", subject, "-out", csr, cwd=pki_dir)
+    ec_key(key, pki_dir)
+    openssl("req", "-new", "-key", key, "-subj", subject, "-out", csr, cwd=pki_dir)
     ext.write_text(extensions)
-    _openssl(
+    openssl(
         "x509",
         "-req",
         "-in",
@@ -108,8 +106,8 @@ def make_pki(pki_dir: Path) -> Pki:
     """Create the CA, serving, client and service-account keys under ``pki_dir``."""
     pki_dir.mkdir(parents=True, exist_ok=True)
     ca_key, ca_cert = pki_dir / "ca.key", pki_dir / "ca.crt"
-    _ec_key(ca_key, pki_dir)
-    _openssl(
+    ec_key(ca_key, pki_dir)
+    openssl(
         "req",
         "-x509",
         "-new",
@@ -129,7 +127,7 @@ def make_pki(pki_dir: Path) -> Pki:
         cwd=pki_dir,
     )
     leaf = "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
-    _signed_cert(
+    signed_cert(
         pki_dir,
         "serving",
         "/CN=kube-apiserver",
@@ -139,7 +137,7 @@ def make_pki(pki_dir: Path) -> Pki:
         ca_cert,
         ca_key,
     )
-    _signed_cert(
+    signed_cert(
         pki_dir,
         "admin",
         f"/O=system:masters/CN={ADMIN_USER}",
@@ -147,12 +145,12 @@ def make_pki(pki_dir: Path) -> Pki:
         ca_cert,
         ca_key,
     )
-    _signed_cert(
+    signed_cert(
         pki_dir, "user", f"/CN={UNPRIVILEGED_USER}", leaf + "extendedKeyUsage=clientAuth\n", ca_cert, ca_key
     )
     sa_key, sa_pub = pki_dir / "sa.key", pki_dir / "sa.pub"
-    _ec_key(sa_key, pki_dir)
-    _openssl("pkey", "-in", sa_key, "-pubout", "-out", sa_pub, cwd=pki_dir)
+    ec_key(sa_key, pki_dir)
+    openssl("pkey", "-in", sa_key, "-pubout", "-out", sa_pub, cwd=pki_dir)
     for p in pki_dir.glob("*.key"):
         p.chmod(0o600)
     return Pki(

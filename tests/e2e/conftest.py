@@ -1,0 +1,119 @@
+"""The e2e tier: Echo installed on the real test cluster (``kube_cluster``) with ``kubectl apply -k``.
+
+``echorl_installed`` (session) applies a kustomize overlay of ``manifests/`` that only swaps image
+names (the ones ``scripts/images.sh`` built, by content hash) and the pull policy (``Never``: there
+is no registry), then waits until the operator and the dev MinIO are rolled out. The operator runs
+in its own pod, as its own service account, with the RBAC of ``manifests/rbac.yaml``.
+
+``e2e`` (function) gives a test a fresh namespace with the dev MinIO's credentials in it and the
+helpers of :class:`e2e_kit.E2E`; the namespace is deleted afterwards (the real namespace controller
+removes everything in it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from e2e_kit import E2E, Installed
+
+from services.cluster import Cluster
+from services.procs import REPO_ROOT
+
+MANIFESTS = REPO_ROOT / "manifests"
+ROLLOUT_TIMEOUT_S = 300
+
+
+def overlay(images: dict[str, str], out: Path) -> Path:
+    """A kustomization over ``manifests/`` that swaps image names and the pull policy, nothing else."""
+
+    def split(ref: str) -> tuple[str, str]:
+        name, _, tag = ref.rpartition(":")
+        return name, tag
+
+    swaps = {
+        "ghcr.io/echorl/echorl-operator": images["operator"],
+        "quay.io/minio/minio": images["test-minio"],
+    }
+    env = {
+        "ECHORL_IMAGE_COORDINATOR": images["worker-cpu"],
+        "ECHORL_IMAGE_WORKER_CPU": images["worker-cpu"],
+        "ECHORL_IMAGE_TRAINER": images["trainer"],
+        "ECHORL_IMAGE_PULL_POLICY": "Never",
+    }
+    operator = yaml.safe_load((MANIFESTS / "operator.yaml").read_text())
+    names = [e["name"] for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]]
+    ops = [
+        {"op": "replace", "path": f"/spec/template/spec/containers/0/env/{names.index(k)}/value", "value": v}
+        for k, v in env.items()
+        if k in names
+    ]
+    ops += [
+        {"op": "add", "path": "/spec/template/spec/containers/0/env/-", "value": {"name": k, "value": v}}
+        for k, v in env.items()
+        if k not in names
+    ]
+    pull = [{"op": "replace", "path": "/spec/template/spec/containers/0/imagePullPolicy", "value": "Never"}]
+    out.mkdir(parents=True, exist_ok=True)
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [os.path.relpath(MANIFESTS, out)],
+        "images": [
+            {"name": old, "newName": split(new)[0], "newTag": split(new)[1]} for old, new in swaps.items()
+        ],
+        "patches": [
+            {
+                "target": {"kind": "Deployment", "name": "echorl-operator"},
+                "patch": yaml.safe_dump(ops + pull),
+            },
+            {
+                "target": {"kind": "Deployment", "name": "minio"},
+                "patch": yaml.safe_dump([{**pull[0], "op": "add"}]),
+            },
+        ],
+    }
+    (out / "kustomization.yaml").write_text(yaml.safe_dump(kustomization, sort_keys=False))
+    return out
+
+
+@pytest.fixture(scope="session")
+def echorl_installed(kube_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
+    """manifests/ applied (CRDs, namespace, RBAC, operator, dev MinIO) and rolled out."""
+    where = overlay(kube_cluster.images, tmp_path_factory.mktemp("overlay"))
+    rendered = kube_cluster.kubectl("kustomize", str(where), check=True).stdout
+    # The overlay swaps images and pull policy only: every container runs an image built here.
+    used = re.findall(r"^\s+image: (\S+)$", rendered, re.MULTILINE)
+    assert used and all(ref.startswith("localhost/echorl/") for ref in used), used
+    kube_cluster.kubectl("apply", "--server-side", "-k", str(where), check=True, timeout=180)
+    for deployment in ("echorl-operator", "minio"):
+        kube_cluster.kubectl(
+            "-n", "echorl-system", "rollout", "status", f"deployment/{deployment}",
+            f"--timeout={ROLLOUT_TIMEOUT_S}s", check=True, timeout=ROLLOUT_TIMEOUT_S + 30,
+        )  # fmt: skip
+    yield Installed(kube_cluster)
+
+
+@pytest.fixture
+def e2e(echorl_installed: Installed, request: pytest.FixtureRequest) -> Iterator[E2E]:
+    """A fresh namespace (with the dev MinIO's credentials) and the helpers to drive a test."""
+    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower().removeprefix("test_"))[:40].strip("-")
+    kit = E2E(echorl_installed.cluster, f"e2e-{name}"[:50].strip("-"))
+    kit.create_namespace()
+    try:
+        yield kit
+    finally:
+        if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
+            kit.dump()
+        kit.delete_namespace()
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    setattr(item, f"rep_{report.when}", report)
