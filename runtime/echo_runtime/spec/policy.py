@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from echo_runtime.spec.base import SpecModel, cel
+from echo_runtime.spec.dataset import Dataset
 
 
 class LoRA(SpecModel):
@@ -62,14 +63,51 @@ class Model(SpecModel):
 class Task(SpecModel):
     """The prompt source and its verifier."""
 
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            (
+                "(self.name == 'dataset') == has(self.dataset)",
+                "the dataset task needs spec.task.dataset, and only the dataset task takes it",
+                ".dataset",
+            ),
+        )
+    )
+
     name: str = Field(default="arithmetic", min_length=1, pattern=r"^[A-Za-z_][\w.]*(:[A-Za-z_]\w*)?$")
-    """A built-in task (``arithmetic``, ``knights_knaves``, ``sokoban``, ``math``) or ``module:function``."""
+    """A built-in task (``arithmetic``, ``knights_knaves``, ``sokoban``, ``math``, ``dataset``), a task
+    installed under the ``echorl.tasks`` entry-point group, or ``module:function``."""
     options: dict[str, Any] = Field(default_factory=dict)
     """Task options, passed to the task's constructor."""
+    dataset: Dataset | None = None
+    """The ``dataset`` task's files, fields, held-out split and rewards (required by it, refused by others)."""
+    prompt_format: Literal["Auto", "Chat", "Raw"] = "Auto"
+    """How prompts reach the model: ``Chat`` through the tokenizer's chat template (text becomes one
+    user message), ``Raw`` as plain text, ``Auto`` = ``Chat`` when the tokenizer has a chat template. The
+    same rendering is used by every worker, the trainer, the evaluator and the warm-up."""
+    system_prompt: str | None = None
+    """A system message put before every prompt (chat), or text before it (raw)."""
     heldout_size: int = Field(default=200, ge=1, le=100_000)
     """Number of held-out prompts (never used in training) for evaluation."""
     eval_every: int = Field(default=10, ge=1)
     """Evaluate held-out accuracy every N policy versions."""
+
+    @model_validator(mode="after")
+    def _dataset_settings(self) -> Task:
+        if self.name == "dataset" and self.dataset is None:
+            raise ValueError("dataset: the dataset task needs spec.task.dataset (at least its path)")
+        if self.name != "dataset" and self.dataset is not None:
+            raise ValueError(f"dataset: only the dataset task takes it, not {self.name!r}")
+        if self.name == "dataset" and self.options:
+            raise ValueError(
+                f"options: the dataset task takes its settings from spec.task.dataset, got options {sorted(self.options)}"
+            )
+        return self
+
+    def task_options(self) -> dict[str, Any]:
+        """What the task's constructor gets: ``options``, or for the dataset task its ``dataset`` settings."""
+        if self.dataset is not None:
+            return self.dataset.model_dump(mode="python")
+        return dict(self.options)
 
 
 class Sampling(SpecModel):
@@ -122,7 +160,11 @@ class Algorithm(SpecModel):
     max_steps: int = Field(default=100, ge=1)
     """Optimizer steps (policy versions) to train."""
     sampling: Sampling = Field(default_factory=Sampling)
-    """Generation settings every worker uses."""
+    """Generation settings every worker uses (and the evaluator: its greedy completions get
+    ``maxNewTokens`` too)."""
+    gradient_checkpointing: bool = False
+    """Recompute the model's activations during the backward pass instead of keeping them: less trainer
+    memory for longer sequences, at about a third more compute per step."""
     seed: int = Field(default=0, ge=0)
     """Seed of prompt order, sampling and initialisation."""
 

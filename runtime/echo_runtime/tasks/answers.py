@@ -1,7 +1,8 @@
 """Reading a numeric final answer out of free text, and comparing numbers exactly.
 
-:func:`extract` finds the answer: the contents of the last ``\\boxed{...}`` if there is one, otherwise
-the last non-empty line; within that, the last number. A number is an integer (``-2``), a decimal
+:func:`extract` finds the answer: the last number inside the last ``\\boxed{...}`` if there is one,
+otherwise the last number of the whole text — what a real model writes around its answer ("17 + 25 =
+42.", "So the answer is 7.\n\nI hope this helps!") is skipped over. A number is an integer (``-2``), a decimal
 (``0.75``, ``.5``), one with thousands separators (``1,000``), a fraction ``3/4`` or a LaTeX fraction
 (``\\frac{3}{4}``, ``\\dfrac``, ``\\tfrac``, with an optional leading minus). Exponents are not read
 (``1e999999999`` must not make the verifier build a billion-digit integer); a last number of more than
@@ -51,13 +52,20 @@ def last_number(text: str) -> Fraction | None:
     return _value(matches[-1]) if matches else None
 
 
+def parse_number(text: str) -> Fraction | None:
+    """The value of ``text`` if the whole of it (spaces, ``$`` signs and a final full stop aside) is one
+    number, else None: ``"3/4"`` and ``"$-2$"`` are numbers, ``"x^2 + 1"`` is not."""
+    core = text.strip().strip("$").strip().rstrip(".").strip()
+    match = _NUMBER.fullmatch(core)
+    return _value(match) if match else None
+
+
 def extract(text: str) -> Fraction | None:
     """The final answer a completion gives (see the module docstring), or None."""
     inside = boxed(text)
     if inside is not None:
         return last_number(inside)
-    lines = [line for line in text.splitlines() if line.strip()]
-    return last_number(lines[-1]) if lines else None
+    return last_number(text)
 
 
 def canonical(value: Fraction) -> str:

@@ -5,9 +5,10 @@ completion is the value, ``19`` (the model's end-of-sequence token ends it). Pre
 (``2+3*4=`` is 14). Results are never negative: draws with a negative value are rejected, so the answer
 alphabet is just digits.
 
-Scoring (see :mod:`echo_runtime.tasks.scoring`): surrounding whitespace is stripped and the first line
-must be exactly an integer (ASCII digits, optional minus sign); it scores 1 if it equals the value, 0.1 if
-it is an integer but wrong, 0 otherwise.
+Scoring (see :mod:`echo_runtime.tasks.scoring`): the answer is the completion's final number
+(:func:`echo_runtime.tasks.answers.extract`: the last number in a ``\\boxed{}``, else the last number
+of the text), so the tiny model's bare ``19`` and a chat model's ``12 + 7 = 19.`` both read as 19. It
+scores 1 if it equals the value, 0.1 if it is a number but wrong, 0 if there is no number.
 
 Options: ``digits`` (1–4, default 2) bounds every operand below ``10**digits``; ``ops`` is a non-empty
 subset of ``"+-*"`` (default ``"+-"``), each operator drawn uniformly; ``operands`` (2–3, default 2).
@@ -16,15 +17,11 @@ subset of ``"+-*"`` (default ``"+-"``), each operator drawn uniformly; ``operand
 from __future__ import annotations
 
 import random
-import re
 from collections.abc import Iterator
 
-from echo_runtime.tasks import base, options, scoring, splits
+from echo_runtime.tasks import answers, base, options, scoring, splits
 
 NAME = "arithmetic"
-_INTEGER = re.compile(r"-?[0-9]+")
-# Longer than any answer the options allow; also keeps int() below CPython's 4300-digit limit.
-_MAX_ANSWER_CHARS = 40
 
 
 def evaluate(operands: list[int], ops: str) -> int:
@@ -67,12 +64,11 @@ class Arithmetic:
         return splits.stream(NAME, split, seed, self._draw, lambda c: c[0], self._finish)
 
     def score(self, problem: base.Problem, completion: str) -> base.Reward:
-        lines = completion.strip().splitlines()
-        first = lines[0].strip() if lines else ""
-        if len(first) > _MAX_ANSWER_CHARS or not _INTEGER.fullmatch(first):
-            return scoring.graded(False, False, f"first line is not an integer: {first[:40]!r}")
-        correct = int(first) == int(problem.answer)
-        return scoring.graded(True, correct, f"expected {problem.answer}, got {first}")
+        value = answers.extract(completion)
+        if value is None:
+            return scoring.graded(False, False, f"no number in the completion: {completion.strip()[:40]!r}")
+        correct = value == int(problem.answer)
+        return scoring.graded(True, correct, f"expected {problem.answer}, got {answers.canonical(value)}")
 
     def reference(self, problem: base.Problem) -> str:
         return str(problem.answer)

@@ -18,13 +18,17 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 Split = Literal["train", "heldout"]
 
+Prompt = str | tuple[Mapping[str, str], ...]
+"""Text, or chat messages ``({"role": ..., "content": ...}, ...)``; :mod:`echo_runtime.models.prompts`
+renders either for the model."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
     """One prompt with everything the verifier needs to score a completion of it."""
 
     id: str
-    prompt: str
+    prompt: Prompt
     answer: Any
     meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 

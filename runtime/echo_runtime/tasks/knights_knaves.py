@@ -8,8 +8,9 @@ integer, and redraws otherwise.
 
 Answer format, stated in the prompt: ``Name: knight`` or ``Name: knave`` for each person, e.g.
 ``Alice: knave, Bob: knight``. The parser takes, for every person, the *last* mention of the name
-followed by knight/knave (``Alice is a knave``, ``alice = Knave`` and any order also parse), so a
-reasoning trace before the final answer is fine. Scoring: 1 iff every person is right; 0.1 if every
+followed by knight/knave (``Alice is a knave``, ``alice = Knave``, ``**Eve** is a **knight**``,
+``Eve must be a knight`` and any order also parse; ``Eve is not a knight`` does not), so a reasoning
+trace before the final answer is fine. Scoring: 1 iff every person is right; 0.1 if every
 person got a role but some are wrong; 0 if anyone is missing. Components: ``format``, ``correct``,
 ``fraction_correct`` (of all people; missing ones count as wrong).
 
@@ -165,7 +166,10 @@ def parse(completion: str, names: Sequence[str]) -> dict[str, str]:
     """The role the completion gives each of ``names`` (last mention wins); absent names are left out."""
     roles: dict[str, str] = {}
     for name in names:
-        pattern = rf"\b{re.escape(name)}\b\s*(?:[:=-]|is|was)?\s*(?:an?\s+)?(knight|knave)s?\b"
+        pattern = (
+            rf"\b{re.escape(name)}\b[*_]*\s*(?:[:=\-\u2013\u2014]|is|was|must\s+be|would\s+be)?\s*"
+            rf"(?:(?:an?|the)\s+)?[*_]*(knight|knave)s?\b"
+        )
         matches = re.findall(pattern, completion, flags=re.IGNORECASE)
         if matches:
             roles[name] = matches[-1].lower()

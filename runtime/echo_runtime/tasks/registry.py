@@ -1,9 +1,14 @@
-"""Finding a task by name: the built-ins, or a user's ``module:function``.
+"""Finding a task by name: the built-ins, installed plugins, or a user's ``module:function``.
 
 ``get_task("arithmetic", {"digits": 3})`` builds a built-in task; ``get_task("my_pkg.tasks:make", opts)``
-imports ``my_pkg.tasks`` and calls ``make(**opts)``, which must return a :class:`~.base.Task`. Every
-mistake is a ValueError that names the task and says what is allowed: an unknown name lists the
-built-ins, an unknown option lists the task's options, a bad value says the allowed range.
+imports ``my_pkg.tasks`` and calls ``make(**opts)``, which must return a :class:`~.base.Task`; any other
+name is looked up among the entry points of the group :data:`ENTRY_POINT_GROUP` (``echorl.tasks``) of
+the installed distributions — a plugin declares ``[project.entry-points."echorl.tasks"] name =
+"pkg.mod:make"`` — and built the same way. Built-in names win over plugins. Every mistake is a
+ValueError that names the task and says what is allowed: an unknown name lists the built-ins and the
+installed plugins, an unknown option lists the task's options, a bad value says the allowed range.
+:func:`from_spec` builds the task of a job's ``spec.task`` (the ``dataset`` task takes
+``spec.task.dataset``).
 
 :func:`corpus` is text from every built-in task (prompts and reference completions), for training the
 tiny demo model's tokenizer on exactly the characters and words the tasks use.
@@ -12,18 +17,26 @@ tiny demo model's tokenizer on exactly the characters and words the tasks use.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import inspect
 import itertools
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final
 
-from echo_runtime.tasks import arithmetic, base, knights_knaves, mathwords, sokoban
+from echo_runtime.tasks import arithmetic, base, dataset, knights_knaves, mathwords, sokoban
+
+if TYPE_CHECKING:
+    from echo_runtime.spec.policy import Task as TaskSpec
+
+ENTRY_POINT_GROUP: Final = "echorl.tasks"
+"""The entry-point group under which installed distributions offer tasks."""
 
 _BUILTINS: dict[str, Callable[..., base.Task]] = {
     "arithmetic": arithmetic.Arithmetic,
     "knights_knaves": knights_knaves.KnightsKnaves,
     "sokoban": sokoban.Sokoban,
     "math": mathwords.MathWords,
+    "dataset": dataset.DatasetTask,
 }
 BUILTIN_TASKS: tuple[str, ...] = tuple(_BUILTINS)
 
@@ -48,10 +61,25 @@ def get_task(name: str, options: Mapping[str, Any] | None = None) -> base.Task:
         return factory(**given)
     if ":" in name:
         return _user_task(name, given)
+    plugins = {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    if name in plugins:
+        try:
+            factory = plugins[name].load()
+        except Exception as error:  # a broken plugin: say which and why
+            raise ValueError(
+                f"task {name!r}: cannot load entry point {plugins[name].value!r} ({ENTRY_POINT_GROUP}): {error}"
+            ) from error
+        return _build(name, factory, given)
+    installed = f"; installed plugins ({ENTRY_POINT_GROUP}): {', '.join(sorted(plugins))}" if plugins else ""
     raise ValueError(
-        f"unknown task {name!r}: built-in tasks are {', '.join(BUILTIN_TASKS)}; "
-        f"a task of your own is named 'module:function'"
+        f"unknown task {name!r}: built-in tasks are {', '.join(BUILTIN_TASKS)}{installed}; "
+        f"a task of your own is named 'module:function' or offered under the {ENTRY_POINT_GROUP!r} entry points"
     )
+
+
+def from_spec(task: TaskSpec) -> base.Task:
+    """The task of a job's ``spec.task``: its name with its options (or, for ``dataset``, its dataset)."""
+    return get_task(task.name, task.task_options())
 
 
 def corpus(seed: int = 0, per_task: int = 2000) -> list[str]:
@@ -62,7 +90,8 @@ def corpus(seed: int = 0, per_task: int = 2000) -> list[str]:
             count = per_task // len(settings) + (1 if index < per_task % len(settings) else 0)
             task = get_task(name, setting)
             for problem in itertools.islice(task.prompts("train", seed), count):
-                texts.append(problem.prompt + task.reference(problem))
+                if isinstance(problem.prompt, str):  # the procedural built-ins give text prompts
+                    texts.append(problem.prompt + task.reference(problem))
     return texts
 
 
@@ -93,11 +122,17 @@ def _user_task(name: str, given: Mapping[str, Any]) -> base.Task:
     factory = getattr(module, function_name, None)
     if not callable(factory):
         raise ValueError(f"task {name!r}: module {module_name!r} has no function {function_name!r}")
+    return _build(name, factory, given)
+
+
+def _build(name: str, factory: Any, given: Mapping[str, Any]) -> base.Task:
+    if not callable(factory):
+        raise ValueError(f"task {name!r}: {factory!r} is not callable")
     _check_option_names(name, factory, given)
     task = factory(**given)
     if not isinstance(task, base.Task):
         raise ValueError(
-            f"task {name!r}: {function_name}() returned a {type(task).__name__}, not a Task "
-            f"(an object with name, prompts, score and reference)"
+            f"task {name!r}: {getattr(factory, '__name__', factory)}() returned a {type(task).__name__}, not a "
+            f"Task (an object with name, prompts, score and reference)"
         )
     return task

@@ -7,8 +7,10 @@ solver finishes within :data:`MAX_STATES` states.
 
 The prompt shows the map as text: ``#`` wall, ``_`` floor, ``.`` goal, ``$`` box, ``*`` box on a goal,
 ``@`` the player, ``+`` the player on a goal (``parse_level`` also reads a space or ``-`` as floor). The
-answer is a move string over ``U D L R``; case, spaces and commas are ignored. The whole completion is
-read as the move string if it is one; otherwise its last non-empty line is.
+answer is a move string over ``U D L R``; case, spaces, commas and arrows' separators are ignored, and
+the words ``up``/``down``/``left``/``right`` read as their letters. The whole completion is read as the
+move string if it is one; otherwise the contents of its last ``\\boxed{}``, then its last non-empty line,
+then what follows the last colon on that line (``Moves: R, R, U.``), trailing full stops dropped.
 
 Scoring by simulation: 1 if every move is legal and every box ends on a goal; 0.1 if the move string
 parses but the level is not solved (a blocked move — into a wall, or pushing a box into a wall or another
@@ -28,7 +30,7 @@ import random
 import re
 from collections.abc import Iterator, Sequence
 
-from echo_runtime.tasks import base, options, scoring, splits
+from echo_runtime.tasks import answers, base, options, scoring, splits
 
 NAME = "sokoban"
 MOVES = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
@@ -37,7 +39,10 @@ MAX_STATES = 200_000
 
 Cell = tuple[int, int]
 _MOVE_STRING = re.compile(r"[UDLRudlr]+")
-_SEPARATORS = re.compile(r"[\s,]+")
+_SEPARATORS = re.compile(r"[\s,;]+|->|\u2192")
+_WORDS = {"up": "U", "down": "D", "left": "L", "right": "R"}
+_MAX_ANSWER_CHARS = 4000
+"""Longer candidates are not read: no level needs that many moves, and it bounds the verifier's work."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,16 +201,26 @@ def _live_cells(floor: frozenset[int], goals: frozenset[int], stride: int) -> fr
     return frozenset(live)
 
 
+def _as_moves(text: str) -> str | None:
+    words = _SEPARATORS.split(text.strip().rstrip(".").strip())
+    letters = "".join(_WORDS.get(w.lower(), w) for w in words if w)
+    return letters.upper() if _MOVE_STRING.fullmatch(letters) else None
+
+
 def parse_moves(completion: str) -> str | None:
-    """The move string a completion gives (upper case), or None."""
-    compact = _SEPARATORS.sub("", completion)
-    if _MOVE_STRING.fullmatch(compact):
-        return compact.upper()
+    """The move string a completion gives (upper case), or None (see the module docstring)."""
+    candidates = [completion]
+    inside = answers.boxed(completion)
+    if inside is not None:
+        candidates.append(inside)
     lines = [line for line in completion.splitlines() if line.strip()]
     if lines:
-        last = _SEPARATORS.sub("", lines[-1])
-        if _MOVE_STRING.fullmatch(last):
-            return last.upper()
+        candidates += [lines[-1], lines[-1].rpartition(":")[2]]
+    for candidate in candidates:
+        if len(candidate) <= _MAX_ANSWER_CHARS:
+            moves = _as_moves(candidate)
+            if moves is not None:
+                return moves
     return None
 
 

@@ -42,14 +42,19 @@ def test_evaluate_uses_the_usual_precedence(operands: list[int], ops: str, value
         ("019", 1.0, True),
         ("18", scoring.FORMAT_CREDIT, True),
         ("-19", scoring.FORMAT_CREDIT, True),
-        ("20\n19", scoring.FORMAT_CREDIT, True),
-        ("19.0", 0.0, False),
-        ("+19", 0.0, False),
+        ("19\n20", scoring.FORMAT_CREDIT, True),  # the final number is the answer
+        ("20\n19", 1.0, True),
+        ("12 + 7 = 19.", 1.0, True),  # what a chat model writes
+        ("12 + 7 = 18.", scoring.FORMAT_CREDIT, True),
+        ("The sum is \\boxed{19}, not 20", 1.0, True),  # a boxed answer wins
+        ("19.0", 1.0, True),
+        ("19.5", scoring.FORMAT_CREDIT, True),
+        ("+19", 1.0, True),
+        ("19 apples", 1.0, True),
         ("nineteen", 0.0, False),
-        ("19 apples", 0.0, False),
         ("", 0.0, False),
-        ("\u0661\u0669", 0.0, False),  # Arabic-Indic digits: int() would read them, the format does not
-        ("9" * 5000, 0.0, False),  # past CPython's int() digit limit: must not raise
+        ("\u0661\u0669", 0.0, False),  # Arabic-Indic digits are not read as a number
+        ("9" * 5000, 0.0, False),  # a number too long to be an answer: no answer, and no int() blow-up
     ],
 )
 def test_hand_written_scores(completion: str, value: float, well_formed: bool) -> None:

@@ -41,7 +41,10 @@ TASK = mathwords.MathWords()
         ("\\boxed{seven}\n7", None),  # the box holds the answer, and it is not a number
         ("3/0", None),
         ("1" * 61, None),
-        ("12\n\nno number here", None),  # only the last non-empty line counts
+        ("12\n\nno number here", Fraction(12)),  # the last number, wherever it is
+        ("17 + 25 = 42.", Fraction(42)),
+        ("The answer is 7.\n\nI hope this helps!", Fraction(7)),
+        ("We get \\boxed{42} apples, so 3 boxes", Fraction(42)),
     ],
 )
 def test_extraction(text: str, value: Fraction | None) -> None:

@@ -12,13 +12,16 @@ from echo_runtime.tasks import arithmetic, knights_knaves, mathwords, sokoban
 
 
 def test_builtins_by_name() -> None:
-    assert tasks.BUILTIN_TASKS == ("arithmetic", "knights_knaves", "sokoban", "math")
+    assert tasks.BUILTIN_TASKS == ("arithmetic", "knights_knaves", "sokoban", "math", "dataset")
     assert isinstance(tasks.get_task("arithmetic"), arithmetic.Arithmetic)
     assert isinstance(tasks.get_task("knights_knaves"), knights_knaves.KnightsKnaves)
     assert isinstance(tasks.get_task("sokoban"), sokoban.Sokoban)
     assert isinstance(tasks.get_task("math"), mathwords.MathWords)
     for name in tasks.BUILTIN_TASKS:
-        assert tasks.get_task(name).name == name
+        if name != "dataset":  # it needs a file: tests/unit/tasks/test_tasks_dataset.py
+            assert tasks.get_task(name).name == name
+    with pytest.raises(ValueError, match=r"spec\.task\.dataset: path: Field required"):
+        tasks.get_task("dataset")
 
 
 def test_options_reach_the_task() -> None:

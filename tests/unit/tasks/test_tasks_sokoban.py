@@ -42,7 +42,11 @@ def hand(rows: list[str]) -> base.Problem:
         ("RRRL", 1.0, 1.0, 1.0),  # walking back afterwards leaves the box on its goal
         ("", 0.0, 0.0, 0.0),
         ("RRX", 0.0, 0.0, 0.0),
-        ("right right right", 0.0, 0.0, 0.0),
+        ("right right right", 1.0, 1.0, 1.0),  # the words a real model writes
+        ("Moves: R, R, R.", 1.0, 1.0, 1.0),
+        ("The solution is \\boxed{RRR}, I think.", 1.0, 1.0, 1.0),
+        ("Right -> Right -> Right", 1.0, 1.0, 1.0),
+        ("go right", 0.0, 0.0, 0.0),
     ],
 )
 def test_hand_written_corridor(completion: str, value: float, legal: float, on_goals: float) -> None:
