@@ -6,8 +6,12 @@ Every backend (``transformers``, ``mlx``, ``vllm``) implements :class:`Backend`.
   *behaviour log-probability* of ``completion_ids[i]``: ``log softmax(logits / temperature)`` at that
   position under the currently applied snapshot — the quantity the trainer recomputes (top-p, if
   used, restricts what can be sampled but is not folded into the reported log-prob).
-* A completion ends at the tokenizer's EOS (included in ``completion_ids``; ``finish_reason`` is
-  ``"stop"``) or after ``max_new_tokens`` (``"length"``).
+* Prompts are text or chat messages, turned into ids by
+  :func:`echo_runtime.backends.sampling.encode_prompt` under the job's prompt style (``encode``).
+* A completion ends at one of the model's EOS ids — the tokenizer's, ``config.json``'s and
+  ``generation_config.json``'s (:func:`~echo_runtime.backends.sampling.eos_token_ids`), e.g. a chat
+  model's ``<|im_end|>`` — included in ``completion_ids`` (``finish_reason`` ``"stop"``), or after
+  ``max_new_tokens`` (``"length"``).
 * ``apply_snapshot`` switches the weights to a published version without reloading the base model
   for LoRA snapshots; ``loaded_version`` then reports it (``None`` means the base model itself).
 * ``name``, ``device`` and ``dtype`` describe where the samples came from; every rollout carries them.
@@ -19,6 +23,8 @@ import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal, Protocol
+
+from echo_runtime.models.prompts import Prompt
 
 SnapshotKind = Literal["lora", "full"]
 
@@ -60,8 +66,12 @@ class Backend(Protocol):
         """Load snapshot ``version`` from the verified local directory ``path``."""
         ...
 
-    def sample(self, prompts: Sequence[str], n: int, params: SamplingParams) -> list[list[Sample]]:
-        """``n`` completions for each prompt, in prompt order."""
+    def encode(self, prompt: Prompt) -> list[int]:
+        """The prompt's ids as this backend feeds them to the model (the job's prompt style applied)."""
+        ...
+
+    def sample(self, prompts: Sequence[Prompt], n: int, params: SamplingParams) -> list[list[Sample]]:
+        """``n`` completions for each prompt (text or chat messages), in prompt order."""
         ...
 
     def score_logprobs(

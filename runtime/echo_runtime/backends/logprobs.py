@@ -8,6 +8,11 @@ where ``logits`` come from one forward pass over the concatenation ``p + c``, ca
 the division (so a bfloat16 model and its float32 copy differ only by the model's own rounding).
 Top-p changes what can be sampled but is never folded into the log-prob. ``T`` must be positive.
 
+It is computed as the chosen logit minus the log-sum-exp over the vocabulary, ``x[c] − logsumexp(x)``
+with ``x = logits.float() / T``, a chunk of :data:`CHUNK_ELEMENTS` logits at a time, and under autograd
+each chunk is checkpointed: neither a float32 copy of the logits nor a ``[tokens, vocab]`` log-softmax
+is ever kept, which with a 152k-token vocabulary is gigabytes per micro-batch.
+
 Promises:
 
 * :func:`token_logprobs` is pure and elementwise over the leading dimensions: the trainer calls it on a
@@ -33,15 +38,51 @@ def check_temperature(temperature: float) -> float:
     return value
 
 
+CHUNK_ELEMENTS = 1 << 24
+"""Logits per chunk (64 MiB in float32): ~110 tokens of a 152k vocabulary, ~16k of a 1k one."""
+
+
+def _chunk_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    scaled = logits.float() / temperature
+    chosen = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return chosen - torch.logsumexp(scaled, dim=-1)
+
+
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
-    """``log_softmax(logits.float() / temperature)`` gathered at ``targets``.
+    """``log_softmax(logits.float() / temperature)`` at ``targets``, chunked (see the module docstring).
 
     ``logits`` has shape ``[..., vocab]`` and ``targets`` the leading shape ``[...]``; the result is float32
-    with the shape of ``targets``.
+    with the shape of ``targets``. Gradients flow to ``logits``.
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    temperature = check_temperature(temperature)
+    shape = targets.shape
+    vocab = logits.shape[-1]
+    flat, ids = logits.reshape(-1, vocab), targets.reshape(-1).long()
+    step = max(1, CHUNK_ELEMENTS // max(1, vocab))
+    track = torch.is_grad_enabled() and flat.requires_grad
+    parts: list[torch.Tensor] = []
+    for start in range(0, flat.shape[0], step):
+        chunk, chunk_ids = flat[start : start + step], ids[start : start + step]
+        if track:
+            part = checkpoint(_chunk_logprobs, chunk, chunk_ids, temperature, use_reentrant=False)
+        else:
+            part = _chunk_logprobs(chunk, chunk_ids, temperature)
+        parts.append(part)
+    if not parts:
+        return torch.zeros(shape, dtype=torch.float32, device=logits.device)
+    return torch.cat(parts).reshape(shape)
+
+
+def full_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The straightforward form, ``log_softmax(logits.float() / T).gather(targets)``, all at once.
+
+    The same quantity as :func:`token_logprobs` (to float rounding); kept as the reference the tests and
+    ``benchmarks/memory.py`` compare the chunked form with.
     """
     scaled = logits.float() / check_temperature(temperature)
-    logp = torch.log_softmax(scaled, dim=-1)
-    return logp.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)
+    return torch.log_softmax(scaled, dim=-1).gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)
 
 
 def shifted_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:

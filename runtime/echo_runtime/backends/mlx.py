@@ -40,6 +40,8 @@ from mlx.nn.layers.quantized import QuantizedLinear  # type: ignore[import-not-f
 from mlx.utils import tree_flatten, tree_unflatten  # type: ignore[import-not-found,import-untyped,unused-ignore]
 
 from echo_runtime.backends import base, sampling, snapshot_files
+from echo_runtime.models import prompts
+from echo_runtime.models.prompts import Prompt
 
 _log = logging.getLogger(__name__)
 
@@ -171,6 +173,7 @@ class MlxBackend:
         threads: int | None = None,
         *,
         max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS,
+        prompt_style: prompts.PromptStyle | None = None,
     ) -> None:
         from echo_runtime.models import load as model_load
         from echo_runtime.models import resolve
@@ -189,6 +192,8 @@ class MlxBackend:
         """How many times the base model was read from disk (1 unless a LoRA followed a full snapshot)."""
         self.tokenizer: Any = model_load.load_tokenizer(str(self.model_path))
         self.eos_ids = sampling.eos_token_ids(self.model_path, self.tokenizer)
+        self.prompt_style = prompt_style if prompt_style is not None else prompts.PromptStyle()
+        """How prompts become ids (the job's ``task.promptFormat`` / ``systemPrompt``)."""
         self.pad_id = int(self.tokenizer.pad_token_id)
         self.model: Any = self._load_base()
         self.dtype = dtype_name(self._param_dtype())
@@ -324,6 +329,10 @@ class MlxBackend:
     # -----------------------------------------------------------------------------------------------
     # Log-probs and sampling
 
+    def encode(self, prompt: Prompt) -> list[int]:
+        """The prompt ids this backend samples from (:func:`echo_runtime.backends.sampling.encode_prompt`)."""
+        return sampling.encode_prompt(self.tokenizer, prompt, self.prompt_style)
+
     def score_logprobs(
         self, prompt_ids: Sequence[int], completion_ids: Sequence[int], temperature: float
     ) -> list[float]:
@@ -343,9 +352,11 @@ class MlxBackend:
             values: Any = chosen.tolist()
         return [float(v) for v in values]
 
-    def sample(self, prompts: Sequence[str], n: int, params: base.SamplingParams) -> list[list[base.Sample]]:
+    def sample(
+        self, prompts: Sequence[Prompt], n: int, params: base.SamplingParams
+    ) -> list[list[base.Sample]]:
         sampling.check_request(prompts, n, params)
-        encoded = [sampling.encode_prompt(self.tokenizer, p) for p in prompts]
+        encoded = [self.encode(p) for p in prompts]
         by_length: dict[int, list[int]] = defaultdict(list)
         for row, ids in enumerate(ids for ids in encoded for _ in range(n)):
             by_length[len(ids)].append(row)

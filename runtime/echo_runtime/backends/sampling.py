@@ -5,9 +5,10 @@ Promises:
 * :func:`check_request` rejects what no backend can honour (no prompts is fine; ``n < 1``, a
   non-positive temperature, ``top_p`` outside ``(0, 1]``, ``max_new_tokens < 1`` are not) with a message
   naming the field and what is allowed.
-* :func:`encode_prompt` is the one tokenisation of a prompt: the tokenizer's own defaults (special tokens
-  such as a BOS are added exactly when the tokenizer adds them). Every backend and so every rollout's
-  ``prompt_ids`` come from it.
+* :func:`encode_prompt` is the one tokenisation of a prompt (text or chat messages):
+  :func:`echo_runtime.models.prompts.encode` under the job's prompt style — the chat template when the
+  model has one (``task.promptFormat: Auto``), else the tokenizer's defaults. Every backend, and so every
+  rollout's ``prompt_ids``, and the trainer's recomputation come from it.
 * :func:`finish` cuts a sampled token stream at its first EOS (kept, ``"stop"``) or leaves it at the
   length limit (``"length"``), keeps the log-probs aligned with the tokens, and decodes the text without
   the EOS token.
@@ -23,13 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from echo_runtime.backends import base
+from echo_runtime.models import prompts
 
 MAX_SEED = 2**63 - 1
 
 
-def check_request(prompts: Sequence[str], n: int, params: base.SamplingParams) -> None:
+def check_request(requests: Sequence[prompts.Prompt], n: int, params: base.SamplingParams) -> None:
     """Raise a ValueError naming the offending field if the request cannot be sampled."""
-    if isinstance(prompts, str):
+    if isinstance(requests, str):
         raise TypeError("prompts must be a sequence of strings, not one string")
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n (completions per prompt) must be an integer >= 1, got {n!r}")
@@ -48,12 +50,12 @@ def resolve_seed(seed: int | None) -> int:
     return secrets.randbits(63) if seed is None else seed
 
 
-def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
-    """Token ids of ``prompt`` with the tokenizer's defaults; an empty encoding is a ValueError."""
-    ids = list(tokenizer.encode(prompt))
-    if not ids:
-        raise ValueError(f"prompt {prompt!r} encodes to no tokens; a prompt needs at least one")
-    return [int(i) for i in ids]
+def encode_prompt(
+    tokenizer: Any, prompt: prompts.Prompt, style: prompts.PromptStyle | None = None
+) -> list[int]:
+    """Token ids of ``prompt`` under ``style`` (:func:`echo_runtime.models.prompts.encode`); an empty
+    encoding is a ValueError."""
+    return prompts.encode(tokenizer, prompt, style)
 
 
 def _as_ids(value: Any) -> set[int]:

@@ -33,6 +33,8 @@ from typing import Any
 import torch
 
 from echo_runtime.backends import base, logprobs, sampling, snapshot_files
+from echo_runtime.models import prompts
+from echo_runtime.models.prompts import Prompt
 
 _log = logging.getLogger(__name__)
 
@@ -93,6 +95,7 @@ class TransformersBackend:
         threads: int | None = None,
         *,
         max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS,
+        prompt_style: prompts.PromptStyle | None = None,
     ) -> None:
         from echo_runtime.models import load as model_load
         from echo_runtime.models import resolve
@@ -111,6 +114,8 @@ class TransformersBackend:
         """How many times the base model was read from disk (1 unless a LoRA followed a full snapshot)."""
         self.tokenizer: Any = model_load.load_tokenizer(str(self.model_path))
         self.eos_ids = sampling.eos_token_ids(self.model_path, self.tokenizer)
+        self.prompt_style = prompt_style if prompt_style is not None else prompts.PromptStyle()
+        """How prompts become ids (the job's ``task.promptFormat`` / ``systemPrompt``)."""
         self.pad_id = int(self.tokenizer.pad_token_id)
         self._model_load = model_load
         self.base_model: torch.nn.Module = self._load_base()
@@ -249,14 +254,20 @@ class TransformersBackend:
     # -----------------------------------------------------------------------------------------------
     # Log-probs and sampling
 
+    def encode(self, prompt: Prompt) -> list[int]:
+        """The prompt ids this backend samples from (:func:`echo_runtime.backends.sampling.encode_prompt`)."""
+        return sampling.encode_prompt(self.tokenizer, prompt, self.prompt_style)
+
     def score_logprobs(
         self, prompt_ids: Sequence[int], completion_ids: Sequence[int], temperature: float
     ) -> list[float]:
         return logprobs.completion_logprobs(self.model, prompt_ids, completion_ids, temperature, self.device)
 
-    def sample(self, prompts: Sequence[str], n: int, params: base.SamplingParams) -> list[list[base.Sample]]:
+    def sample(
+        self, prompts: Sequence[Prompt], n: int, params: base.SamplingParams
+    ) -> list[list[base.Sample]]:
         sampling.check_request(prompts, n, params)
-        encoded = [sampling.encode_prompt(self.tokenizer, p) for p in prompts]
+        encoded = [self.encode(p) for p in prompts]
         rows = [ids for ids in encoded for _ in range(n)]
         generator = self._generator(sampling.resolve_seed(params.seed))
         flat: list[base.Sample] = []

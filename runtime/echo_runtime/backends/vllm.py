@@ -25,11 +25,13 @@ Promises (by construction; verify on a GPU before relying on them):
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from echo_runtime.backends import base, sampling, snapshot_files
+from echo_runtime.models import prompts
+from echo_runtime.models.prompts import Prompt
 
 INSTALL_HINT = "the vllm backend needs CUDA and the `vllm` extra (pip install 'echorl[vllm]')"
 
@@ -46,8 +48,14 @@ def prompt_seed(seed: int, prompt_index: int) -> int:
     return (seed * 1_000_003 + prompt_index) % (2**63)
 
 
-def sampling_params_kwargs(n: int, params: base.SamplingParams, seed: int) -> dict[str, Any]:
-    """Keyword arguments of ``vllm.SamplingParams`` for ``n`` completions of one prompt."""
+def sampling_params_kwargs(
+    n: int, params: base.SamplingParams, seed: int, stop_token_ids: Iterable[int] = ()
+) -> dict[str, Any]:
+    """Keyword arguments of ``vllm.SamplingParams`` for ``n`` completions of one prompt.
+
+    ``stop_token_ids`` are the model's own EOS ids (:func:`~echo_runtime.backends.sampling.eos_token_ids`:
+    tokenizer, ``config.json`` and ``generation_config.json``), passed explicitly so that vLLM stops where
+    the other backends and the evaluator stop, e.g. at a chat model's ``<|im_end|>``."""
     if params.top_p < 1.0:
         raise ValueError(
             f"the vllm backend supports top_p = 1 only (got {params.top_p}): vLLM folds top-p into the "
@@ -61,6 +69,7 @@ def sampling_params_kwargs(n: int, params: base.SamplingParams, seed: int) -> di
         "logprobs": 0,
         "seed": seed,
         "detokenize": False,
+        "stop_token_ids": sorted(int(i) for i in stop_token_ids),
     }
 
 
@@ -126,6 +135,7 @@ class VllmBackend:
         *,
         max_lora_rank: int = DEFAULT_MAX_LORA_RANK,
         gpu_memory_utilization: float = 0.85,
+        prompt_style: prompts.PromptStyle | None = None,
     ) -> None:
         from echo_runtime.models import load as model_load
         from echo_runtime.models import resolve
@@ -147,6 +157,8 @@ class VllmBackend:
         self.max_lora_rank = max_lora_rank
         self.tokenizer: Any = model_load.load_tokenizer(str(self.model_path))
         self.eos_ids = sampling.eos_token_ids(self.model_path, self.tokenizer)
+        self.prompt_style = prompt_style if prompt_style is not None else prompts.PromptStyle()
+        """How prompts become ids (the job's ``task.promptFormat`` / ``systemPrompt``)."""
         self.llm: Any = LLM(
             model=str(self.model_path),
             dtype=self.dtype,
@@ -181,15 +193,17 @@ class VllmBackend:
                 remove(previous.lora_int_id)
         self._version = version
 
-    def sample(self, prompts: Sequence[str], n: int, params: base.SamplingParams) -> list[list[base.Sample]]:
+    def sample(
+        self, prompts: Sequence[Prompt], n: int, params: base.SamplingParams
+    ) -> list[list[base.Sample]]:
         from vllm import SamplingParams as VllmSamplingParams  # type: ignore[import-not-found,unused-ignore]
 
         sampling.check_request(prompts, n, params)
         seed = sampling.resolve_seed(params.seed)
-        encoded = [sampling.encode_prompt(self.tokenizer, p) for p in prompts]
+        encoded = [self.encode(p) for p in prompts]
         requests = [{"prompt_token_ids": ids} for ids in encoded]
         per_prompt = [
-            VllmSamplingParams(**sampling_params_kwargs(n, params, prompt_seed(seed, i)))
+            VllmSamplingParams(**sampling_params_kwargs(n, params, prompt_seed(seed, i), self.eos_ids))
             for i in range(len(prompts))
         ]
         outputs = self.llm.generate(requests, per_prompt, lora_request=self._lora, use_tqdm=False)
@@ -200,6 +214,10 @@ class VllmBackend:
             ]
             for ids, out in zip(encoded, outputs, strict=True)
         ]
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        """The prompt ids this backend samples from (:func:`echo_runtime.backends.sampling.encode_prompt`)."""
+        return sampling.encode_prompt(self.tokenizer, prompt, self.prompt_style)
 
     def score_logprobs(
         self, prompt_ids: Sequence[int], completion_ids: Sequence[int], temperature: float

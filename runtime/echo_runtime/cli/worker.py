@@ -71,6 +71,7 @@ def worker(
     from echo_runtime.coordinator import client as coord
     from echo_runtime.models import load as model_load
     from echo_runtime.models import resolve as model_resolve
+    from echo_runtime.models.prompts import PromptStyle
     from echo_runtime.worker.loop import Worker
 
     try:
@@ -81,7 +82,14 @@ def worker(
     model_dtype = dtype or job.spec.model.dtype
     store = snapshots.open_store(job.spec.storage, job.name)
     cache = Path(cache_dir) if cache_dir else model_resolve.cache_dir() / "snapshots" / job.name / pool
-    engine = backends.create_backend(backend, model_path, device=device, dtype=model_dtype, threads=threads)
+    engine = backends.create_backend(
+        backend,
+        model_path,
+        device=device,
+        dtype=model_dtype,
+        threads=threads,
+        prompt_style=PromptStyle.from_task(job.spec.task),
+    )
     client = coord.WorkerClient(
         url,
         token,

@@ -14,10 +14,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import importlib
-import json
 import logging
 import time
-from pathlib import Path
 from typing import Any, Protocol
 
 import uvicorn
@@ -61,13 +59,14 @@ def open_store(job: ResolvedJob) -> VersionSource:
 
 
 def model_vocab_size(job: ResolvedJob) -> int:
-    """The vocabulary size of the job's model (its ``config.json``), resolving the model if needed."""
+    """The vocabulary size of the job's model, through the one model resolver (any name: built-in, local
+    directory, hub id in the local Hugging Face cache, GGUF file) and ``AutoConfig``."""
     try:
         # Imported by name: it pulls in torch and transformers, which only this fallback needs.
         models_load = importlib.import_module("echo_runtime.models.load")
-        path = Path(models_load.resolve_spec(job.spec.model, job.spec.task))
-        config = json.loads((path / "config.json").read_text())
-        return int(config["vocab_size"])
+        models_resolve = importlib.import_module("echo_runtime.models.resolve")
+        size: int = models_resolve.vocab_size(models_load.resolve_spec(job.spec.model, job.spec.task))
+        return size
     except Exception as exc:
         raise SetupError(
             f"cannot read the vocabulary size of model {job.spec.model.path!r} ({exc}); "
@@ -104,7 +103,7 @@ def build(
         from echo_runtime import tasks
 
         try:
-            task = tasks.get_task(job.spec.task.name, job.spec.task.options)
+            task = tasks.from_spec(job.spec.task)
         except ValueError as exc:
             raise SetupError(f"spec.task: {exc}") from exc
     t_train = recover_version(store)

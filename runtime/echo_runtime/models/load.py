@@ -40,7 +40,7 @@ def resolve_spec(model: Model, task: Task | None = None) -> str:
         seed=model.seed,
         warmup_steps=model.warmup_steps,
         task=task.name if task is not None else "arithmetic",
-        task_options=task.options if task is not None else None,
+        task_options=task.task_options() if task is not None else None,
     )
 
 

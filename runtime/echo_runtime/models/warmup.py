@@ -7,7 +7,8 @@ Promises of :func:`warmup`:
   its **held-out** stream only; the two never share a problem (a task promise).
 * The loss is the mean cross-entropy over **completion tokens and the EOS token** only: the prompt is
   context, never a target. Prompt and completion are tokenized separately and concatenated, exactly as a
-  rollout's ids are (prompt ids, then generated ids).
+  rollout's ids are (prompt ids — :func:`echo_runtime.models.prompts.encode`, the one rendering of every
+  process, chat template included — then generated ids).
 * AdamW with a fixed schedule (linear ramp over the first :data:`LR_RAMP_STEPS` steps, then constant) that
   does not depend on ``steps``, and data that does not either: the warm-up of N steps is a prefix of the
   warm-up of M > N steps, so one long run measures every shorter one.
@@ -27,11 +28,11 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from echo_runtime.models import build
+from echo_runtime.models import build, prompts
 
 WARMUP_VERSION: Final = 1
 """Version of the warm-up recipe (loss, optimizer, schedule, data order, DEFAULT_LR and DEFAULT_BATCH_SIZE);
@@ -108,9 +109,11 @@ def _eos_id(tokenizer: Any) -> int:
     return eos
 
 
-def encode_pair(tokenizer: Any, prompt: str, completion: str) -> tuple[list[int], int]:
+def encode_pair(
+    tokenizer: Any, prompt: prompts.Prompt, completion: str, style: prompts.PromptStyle | None = None
+) -> tuple[list[int], int]:
     """``(ids, n_prompt)``: prompt ids, then completion ids and EOS; the first ``n_prompt`` are the prompt."""
-    prompt_ids = list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    prompt_ids = prompts.encode(tokenizer, prompt, style)
     completion_ids = list(tokenizer(completion, add_special_tokens=False)["input_ids"])
     return prompt_ids + completion_ids + [_eos_id(tokenizer)], len(prompt_ids)
 
@@ -144,34 +147,38 @@ def completion_loss(model: Any, batch: Mapping[str, Any]) -> Any:
 def generate(
     model: Any,
     tokenizer: Any,
-    prompts: Sequence[str],
+    requests: Sequence[prompts.Prompt],
     *,
     max_new_tokens: int,
     temperature: float = 0.0,
     seed: int = 0,
     batch_size: int = 256,
+    style: prompts.PromptStyle | None = None,
+    eos_ids: Collection[int] | None = None,
 ) -> list[str]:
-    """Completions of ``prompts``, decoded up to (not including) EOS: greedy if ``temperature`` is 0, else
-    pure sampling at ``temperature`` (no top-k/top-p) from a generator seeded with ``seed``.
+    """Completions of ``requests``, decoded up to (not including) the first EOS: greedy if ``temperature``
+    is 0, else pure sampling at ``temperature`` (no top-k/top-p) from a generator seeded with ``seed``.
 
-    A plain KV-cached decoding loop over left-padded batches, so that evaluation depends on no
-    generation defaults (``transformers`` applies top-k 50 unless told otherwise).
+    Prompts are rendered by :func:`echo_runtime.models.prompts.encode` under ``style``; a completion stops
+    at any of ``eos_ids`` (default: the tokenizer's EOS) — pass the model's own stop ids
+    (:func:`echo_runtime.backends.sampling.eos_token_ids`, e.g. a chat model's ``<|im_end|>``). A plain
+    KV-cached decoding loop over left-padded batches, so that evaluation depends on no generation
+    defaults (``transformers`` applies top-k 50 unless told otherwise).
     """
     import torch
 
     eos = _eos_id(tokenizer)
+    stops = sorted({int(i) for i in eos_ids}) if eos_ids else [eos]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     device = next(model.parameters()).device
     generator = torch.Generator(device="cpu").manual_seed(seed)
     out: list[str] = []
     was_training = model.training
     model.eval()
+    stop = torch.tensor(stops, device=device)
     with torch.no_grad():
-        for start in range(0, len(prompts), batch_size):
-            chunk = [
-                list(tokenizer(p, add_special_tokens=False)["input_ids"])
-                for p in prompts[start : start + batch_size]
-            ]
+        for start in range(0, len(requests), batch_size):
+            chunk = [prompts.encode(tokenizer, p, style) for p in requests[start : start + batch_size]]
             width = max(len(ids) for ids in chunk)
             input_ids = torch.full((len(chunk), width), pad, dtype=torch.long)
             mask = torch.zeros((len(chunk), width), dtype=torch.long)
@@ -192,7 +199,7 @@ def generate(
                     nxt = logits.argmax(dim=-1)
                 nxt = torch.where(finished, torch.full_like(nxt, pad), nxt)
                 tokens.append(nxt)
-                finished |= nxt == eos
+                finished |= torch.isin(nxt, stop)
                 if bool(finished.all()):
                     break
                 mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
@@ -203,9 +210,8 @@ def generate(
                 )  # fmt: skip
             rows = torch.stack(tokens, dim=1).tolist() if tokens else [[] for _ in chunk]
             for row in rows:
-                if eos in row:
-                    row = row[: row.index(eos)]
-                out.append(tokenizer.decode(row, skip_special_tokens=True))
+                ends = [i for i, token in enumerate(row) if token in stops]
+                out.append(tokenizer.decode(row[: ends[0]] if ends else row, skip_special_tokens=True))
     model.train(was_training)
     return out
 
@@ -227,11 +233,15 @@ def evaluate(
     max_new_tokens: int | None = None,
     seed: int = 0,
     n_examples: int = 3,
+    style: prompts.PromptStyle | None = None,
+    eos_ids: Collection[int] | None = None,
 ) -> Evaluation:
     """Score the model's completions of ``problems`` with ``task.score``.
 
     ``max_new_tokens`` defaults to the longest reference's token count plus 4 (at most
-    :data:`MAX_EVAL_NEW_TOKENS`), enough for a right answer and its EOS.
+    :data:`MAX_EVAL_NEW_TOKENS`), enough for a right answer and its EOS from a model trained to give just
+    that (the warm-up's own check); a job's evaluator passes the job's ``sampling.maxNewTokens`` instead,
+    since a real model writes more than the reference. ``style`` and ``eos_ids`` as for :func:`generate`.
     """
     if not problems:
         raise ValueError("evaluate needs at least one problem")
@@ -242,7 +252,7 @@ def evaluate(
         max_new_tokens = min(longest + 4, MAX_EVAL_NEW_TOKENS)
     completions = generate(
         model, tokenizer, [p.prompt for p in problems], max_new_tokens=max_new_tokens,
-        temperature=temperature, seed=seed,
+        temperature=temperature, seed=seed, style=style, eos_ids=eos_ids,
     )  # fmt: skip
     rewards = [task.score(p, c) for p, c in zip(problems, completions, strict=True)]
     return Evaluation(
@@ -251,7 +261,7 @@ def evaluate(
         n=len(rewards),
         temperature=temperature,
         examples=tuple(
-            (p.prompt, c, float(r.value))
+            (prompts.describe(p.prompt), c, float(r.value))
             for p, c, r in itertools.islice(zip(problems, completions, rewards, strict=True), n_examples)
         ),
     )
@@ -267,7 +277,7 @@ def evaluate_both(
     }
 
 
-def training_pairs(task: Any, seed: int) -> Iterator[tuple[str, str]]:
+def training_pairs(task: Any, seed: int) -> Iterator[tuple[prompts.Prompt, str]]:
     """The endless ``(prompt, reference)`` stream of the task's train split under ``seed``."""
     for problem in task.prompts("train", seed):
         yield problem.prompt, task.reference(problem)

@@ -71,7 +71,7 @@ def sampling_seed(seed: int, version: int) -> int:
     return (seed * 1_000_003 + version) % (2**63 - 1)
 
 
-def shared_backend(policy_module: torch.nn.Module, model_dir: str, dtype: str) -> Any:
+def shared_backend(policy_module: torch.nn.Module, model_dir: str, dtype: str, style: Any = None) -> Any:
     """A :class:`TransformersBackend` whose forward passes go through ``policy_module`` itself.
 
     The backend reads its tokenizer and EOS ids from ``model_dir`` as a worker would; the base weights
@@ -79,7 +79,7 @@ def shared_backend(policy_module: torch.nn.Module, model_dir: str, dtype: str) -
     """
     from echo_runtime.backends.transformers import TransformersBackend
 
-    backend = TransformersBackend(model_dir, "cpu", dtype)
+    backend = TransformersBackend(model_dir, "cpu", dtype, prompt_style=style)
     backend.base_model = policy_module
     return backend
 
@@ -256,6 +256,7 @@ def train(
     from echo_runtime import snapshots, tasks
     from echo_runtime.coordinator.state import RateWindow
     from echo_runtime.models import load as model_load
+    from echo_runtime.models.prompts import PromptStyle
     from echo_runtime.trainer import distributed, step
     from echo_runtime.trainer import loop as trainer_loop
 
@@ -268,8 +269,10 @@ def train(
     trainer = trainer_loop.Trainer.build(job, world, model_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
     version = trainer_loop.resume_from_store(trainer, store, world, resume, cache_dir)
-    backend = shared_backend(trainer.policy.model, model_dir, job.spec.model.dtype)
-    task = tasks.get_task(job.spec.task.name, job.spec.task.options)
+    backend = shared_backend(
+        trainer.policy.model, model_dir, job.spec.model.dtype, PromptStyle.from_task(job.spec.task)
+    )
+    task = tasks.from_spec(job.spec.task)
     config = step.StepConfig.from_algorithm(algorithm)
     rule = staleness.StalenessPolicy.from_spec(job.sync_policy)  # Colocated: bound 0
     assert rule.bound == 0, rule

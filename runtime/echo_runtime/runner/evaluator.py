@@ -3,7 +3,15 @@
 It sits outside the training loop's critical path: it watches the snapshot store and, whenever the
 newest published version is at least ``every`` versions past the last one it evaluated (and for the
 base model, version 0, and the final version), it loads that version and scores greedy completions of
-the task's *held-out* prompts (never used in training) with the task's verifier. Each evaluation is one
+the task's *held-out* prompts (never used in training) with the task's verifier.
+
+It generates as the job's workers do: prompts rendered by the backend (the job's ``task.promptFormat``
+and ``systemPrompt``, the chat template of a chat model), up to the job's ``sampling.maxNewTokens``,
+stopping at the model's own EOS ids (tokenizer, ``config.json`` and ``generation_config.json``, e.g.
+``<|im_end|>``). Decoding is greedy, the usual held-out measure; the held-out problems are the first
+``task.heldoutSize`` of the held-out stream (at most every held-out row once, for a task over a data
+file) under seed :data:`HELDOUT_SEED` whatever the training seed,
+so runs with different seeds are scored on the same problems and their differences are paired. Each evaluation is one
 ``eval`` record (see :mod:`.metrics`) whose ``publishedAt`` is when the trainer published the version,
 so wall-clock-to-accuracy curves do not include evaluation lag.
 
@@ -25,6 +33,9 @@ from echo_runtime import spec
 
 log = logging.getLogger("echorl.evaluator")
 
+HELDOUT_SEED = 0
+"""Seed of the held-out stream the evaluator scores (fixed, so every training seed meets the same set)."""
+
 
 @click.command()
 @click.option("--job", "job_path", required=True, type=click.Path(exists=True, dir_okay=False))
@@ -42,16 +53,23 @@ def main(job_path: str, out_path: Path, t0: float, final_version: int, threads: 
     from echo_runtime.backends.transformers import TransformersBackend
     from echo_runtime.models import load as model_load
     from echo_runtime.models import warmup
+    from echo_runtime.models.prompts import PromptStyle
 
     torch.set_num_threads(threads)
     job = spec.load_job(job_path)
-    task = tasks.get_task(job.spec.task.name, job.spec.task.options)
-    problems = list(
-        itertools.islice(task.prompts("heldout", job.spec.algorithm.seed), job.spec.task.heldout_size)
-    )
+    task = tasks.from_spec(job.spec.task)
+    count = job.spec.task.heldout_size
+    sizes = getattr(task, "sizes", None)  # a finite task (a data file): each held-out problem once
+    if callable(sizes):
+        count = min(count, int(sizes()["heldout"]))
+    problems = list(itertools.islice(task.prompts("heldout", HELDOUT_SEED), count))
     backend = TransformersBackend(
-        model_load.resolve_spec(job.spec.model, job.spec.task), "cpu", job.spec.model.dtype
+        model_load.resolve_spec(job.spec.model, job.spec.task),
+        "cpu",
+        job.spec.model.dtype,
+        prompt_style=PromptStyle.from_task(job.spec.task),
     )
+    max_new_tokens = job.spec.algorithm.sampling.max_new_tokens
     store = snapshots.open_store(job.spec.storage, job.name)
     every = job.spec.task.eval_every
     evaluated: int | None = None
@@ -67,7 +85,16 @@ def main(job_path: str, out_path: Path, t0: float, final_version: int, threads: 
             backend.apply_snapshot(version, path, manifest.kind)
             published_at = manifest.created.timestamp() - t0
         started = time.monotonic()
-        result = warmup.evaluate(backend.model, backend.tokenizer, task, problems, temperature=0.0)
+        result = warmup.evaluate(
+            backend.model,
+            backend.tokenizer,
+            task,
+            problems,
+            temperature=0.0,
+            max_new_tokens=max_new_tokens,
+            style=backend.prompt_style,
+            eos_ids=backend.eos_ids,
+        )
         record = {
             "kind": "eval",
             "time": time.time() - t0,
@@ -77,6 +104,7 @@ def main(job_path: str, out_path: Path, t0: float, final_version: int, threads: 
             "heldoutReward": result.mean_reward,
             "heldoutSize": result.n,
             "evalSeconds": time.monotonic() - started,
+            "examples": [list(e) for e in result.examples],
         }
         with out_path.open("a") as f:
             f.write(json.dumps(record) + "\n")

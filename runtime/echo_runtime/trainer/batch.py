@@ -75,6 +75,8 @@ class Group:
     rollouts: tuple[Rollout, ...]
     id: str = ""
     """The coordinator's task id (for logs)."""
+    worker: str = ""
+    """The id of the worker that generated it (the trainer's log-prob check convicts workers)."""
 
     def __post_init__(self) -> None:
         if len(self.rollouts) < 2:
@@ -126,8 +128,9 @@ def _field(data: Mapping[str, Any], *names: str, default: Any = dataclasses.MISS
 def rollout_from_wire(data: Mapping[str, Any], prompt_ids: Sequence[int]) -> Rollout:
     """A :class:`Rollout` from the coordinator's JSON (``RolloutOut``: camelCase, completion ``tokenIds``).
 
-    The wire carries the prompt as text once per group; ``prompt_ids`` is its encoding (the one
-    :func:`echo_runtime.backends.sampling.encode_prompt` every backend uses).
+    The wire carries the prompt (text or chat messages) once per group; ``prompt_ids`` is its encoding
+    (the one :func:`echo_runtime.backends.sampling.encode_prompt` every backend uses, with the job's prompt
+    style: the chat template of a chat model).
     """
     return Rollout(
         prompt_ids=tuple(int(x) for x in prompt_ids),
@@ -142,17 +145,19 @@ def rollout_from_wire(data: Mapping[str, Any], prompt_ids: Sequence[int]) -> Rol
 
 
 def batch_from_wire(
-    version: int, groups: Sequence[Mapping[str, Any]], encode: Callable[[str], Sequence[int]]
+    version: int, groups: Sequence[Mapping[str, Any]], encode: Callable[[Any], Sequence[int]]
 ) -> Batch:
     """A :class:`Batch` from the coordinator's JSON groups (``GroupOut``: ``taskId``, ``prompt``, ``rollouts``).
 
-    ``encode`` turns a group's prompt text into token ids. Errors name the place:
-    ``groups[2].rollouts[5]: logprobs: must all be finite``.
+    ``encode`` turns a group's prompt — text, or chat messages as a list of ``{role, content}`` — into
+    token ids, as the workers did. Errors name the place: ``groups[2].rollouts[5]: logprobs: must all be
+    finite``.
     """
     built: list[Group] = []
     for gi, group in enumerate(groups):
         try:
-            prompt_ids = list(encode(str(_field(group, "prompt"))))
+            prompt = _field(group, "prompt")
+            prompt_ids = list(encode(prompt if isinstance(prompt, list) else str(prompt)))
         except (ValueError, TypeError) as exc:
             raise ValueError(f"groups[{gi}]: {exc}") from exc
         rollouts: list[Rollout] = []
@@ -163,7 +168,11 @@ def batch_from_wire(
                 raise ValueError(f"groups[{gi}].rollouts[{ri}]: {exc}") from exc
         try:
             built.append(
-                Group(rollouts=tuple(rollouts), id=str(_field(group, "taskId", "task_id", "id", default="")))
+                Group(
+                    rollouts=tuple(rollouts),
+                    id=str(_field(group, "taskId", "task_id", "id", default="")),
+                    worker=str(_field(group, "workerId", "worker_id", "worker", default="")),
+                )
             )
         except ValueError as exc:
             raise ValueError(f"groups[{gi}]: {exc}") from exc

@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from echo_runtime import staleness
-
 from echo_runtime.coordinator import wire
+from echo_runtime.models.prompts import Prompt, PromptStyle
 from echo_runtime.spec.load import ResolvedJob
 from echo_runtime.trainer import checkpoint as ckpt
 from echo_runtime.trainer import distributed, step
@@ -187,7 +187,8 @@ class Trainer:
     policy: TrainablePolicy
     optimizer: Any
     base_model: str
-    encode: Callable[[str], Sequence[int]]
+    encode: Callable[[Prompt], Sequence[int]]
+    """A group's prompt (text or chat messages) to ids: the workers' own function and prompt style."""
 
     @classmethod
     def build(cls, job: ResolvedJob, world: distributed.World, model_dir: str | None) -> Trainer:
@@ -204,13 +205,16 @@ class Trainer:
             device=world.device,
             with_reference=spec.algorithm.kl_coef > 0 and spec.model.finetune == "Full",
             model_dir=path,
+            gradient_checkpointing=spec.algorithm.gradient_checkpointing,
         )
         ckpt.seed_everything(spec.algorithm.seed + world.rank)
         optimizer = step.make_optimizer(policy.trainable_parameters(), spec.algorithm.learning_rate)
         tokenizer = model_load.load_tokenizer(path) if world.is_main else None
 
-        def encode(prompt: str) -> Sequence[int]:
-            return sampling.encode_prompt(tokenizer, prompt)
+        style = PromptStyle.from_task(spec.task)
+
+        def encode(prompt: Prompt) -> Sequence[int]:
+            return sampling.encode_prompt(tokenizer, prompt, style)
 
         return cls(job=job, policy=policy, optimizer=optimizer, base_model=spec.model.path, encode=encode)
 

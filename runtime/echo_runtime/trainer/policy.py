@@ -7,9 +7,18 @@ Promises:
   lora_dropout, target_modules)`` from the manifest and trains only the adapter; ``Full`` trains every
   weight. The trainable parameters are exactly what a checkpoint stores.
 * Log-probs follow the shared definition of :mod:`echo_runtime.backends.logprobs` — the same function
-  the backends report behaviour log-probs with: ``log_softmax(logits.float() / T)`` gathered at the
-  completion tokens, prompt and completion in one forward pass. Rows are right-padded, so a real
-  token never sees padding (causal attention) and positions need no adjustment.
+  the backends report behaviour log-probs with: ``log_softmax(logits.float() / T)`` at the completion
+  tokens, prompt and completion in one forward pass. **Selectively**: prompts are left-padded so that
+  every row's completion starts at the same column (an attention mask hides the padding, explicit
+  position ids keep each row's positions what they are unpadded, as the backends sample), and the model
+  is asked for the logits of the completion positions only (``logits_to_keep``); the log-softmax is then
+  taken a chunk at a time (:func:`~echo_runtime.backends.logprobs.token_logprobs`). The
+  ``[rows, length, vocab]`` logits, a gathered copy and a float32 log-softmax copy are never made:
+  ``benchmarks/memory.py`` measures the difference on a 152k vocabulary.
+* ``algorithm.gradientCheckpointing`` recomputes the decoder's activations in the backward pass
+  (transformers' non-reentrant checkpointing); in bfloat16/float16 on a device that supports it, the
+  forward runs under ``torch.autocast`` so that norms and softmaxes the framework keeps in float32 stay
+  there.
 * The reference policy ``π_ref`` of the KL penalty is the base model: for LoRA the same network with the
   adapter disabled (no extra memory), for Full a frozen copy, made only when ``kl_coef > 0``.
 * :meth:`TrainablePolicy.export_snapshot` writes what the backends apply
@@ -20,6 +29,7 @@ Promises:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import warnings
@@ -40,12 +50,16 @@ Finetune = Literal["LoRA", "Full"]
 
 @dataclasses.dataclass(frozen=True)
 class Packed:
-    """A right-padded batch of prompt + completion rows and where each completion token is predicted."""
+    """A batch of prompt + completion rows whose completions all start at column ``start``."""
 
     input_ids: torch.Tensor
-    """``[rows, length]``: prompt + completion, then padding."""
-    positions: torch.Tensor
-    """``[rows, completion]``: the logits position that predicts each completion token (``P + j − 1``)."""
+    """``[rows, start + completion]``: left padding, prompt, completion, right padding."""
+    attention_mask: torch.Tensor
+    """``[rows, start + completion]``: 1 on prompt and completion tokens, 0 on padding."""
+    position_ids: torch.Tensor
+    """``[rows, start + completion]``: each token's position in its own unpadded sequence."""
+    start: int
+    """The column of every row's first completion token (the longest prompt's length)."""
     targets: torch.Tensor
     """``[rows, completion]``: the completion tokens (0 on padding)."""
     mask: torch.Tensor
@@ -55,44 +69,89 @@ class Packed:
 
 
 def pack(rollouts: Sequence[Rollout], pad_id: int, device: torch.device | str = "cpu") -> Packed:
-    """Right-pad ``prompt_ids + completion_ids`` of each rollout into one batch (pure)."""
+    """Left-pad the prompts and right-pad the completions of ``rollouts`` into one batch (pure)."""
     if not rollouts:
         raise ValueError("cannot pack an empty list of rollouts")
-    length = max(len(r.prompt_ids) + len(r.completion_ids) for r in rollouts)
+    start = max(len(r.prompt_ids) for r in rollouts)
     width = max(len(r.completion_ids) for r in rollouts)
     rows = len(rollouts)
-    input_ids = torch.full((rows, length), pad_id, dtype=torch.long)
-    positions = torch.zeros((rows, width), dtype=torch.long)
+    input_ids = torch.full((rows, start + width), pad_id, dtype=torch.long)
+    attention = torch.zeros((rows, start + width), dtype=torch.long)
     targets = torch.zeros((rows, width), dtype=torch.long)
     mask = torch.zeros((rows, width), dtype=torch.float32)
     behaviour = torch.zeros((rows, width), dtype=torch.float32)
     for i, r in enumerate(rollouts):
         p, c = len(r.prompt_ids), len(r.completion_ids)
-        input_ids[i, : p + c] = torch.tensor(r.prompt_ids + r.completion_ids, dtype=torch.long)
-        positions[i, :c] = torch.arange(p - 1, p + c - 1)
-        positions[i, c:] = p - 1  # any valid index: masked out
+        input_ids[i, start - p : start + c] = torch.tensor(r.prompt_ids + r.completion_ids, dtype=torch.long)
+        attention[i, start - p : start + c] = 1
         targets[i, :c] = torch.tensor(r.completion_ids, dtype=torch.long)
         mask[i, :c] = 1.0
         behaviour[i, :c] = torch.tensor(r.logprobs, dtype=torch.float32)
+    position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
     return Packed(
         input_ids=input_ids.to(device),
-        positions=positions.to(device),
+        attention_mask=attention.to(device),
+        position_ids=position_ids.to(device),
+        start=start,
         targets=targets.to(device),
         mask=mask.to(device),
         behaviour=behaviour.to(device),
     )
 
 
+def autocast(module: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
+    """``torch.autocast`` in the module's half-precision dtype where the device supports it, else nothing."""
+    param = next(module.parameters(), None)
+    if param is None or param.dtype not in (torch.bfloat16, torch.float16):
+        return contextlib.nullcontext()
+    kind = param.device.type
+    if kind == "cuda" and (param.dtype == torch.float16 or torch.cuda.is_bf16_supported()):
+        return torch.autocast("cuda", dtype=param.dtype)
+    if kind == "cpu" and param.dtype == torch.bfloat16:
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def completion_logits(module: torch.nn.Module, packed: Packed) -> torch.Tensor:
+    """``[rows, completion, vocab]``: the logits that predict each completion token, and no others."""
+    width = packed.targets.shape[1]
+    with autocast(module):
+        out = module(
+            input_ids=packed.input_ids,
+            attention_mask=packed.attention_mask,
+            position_ids=packed.position_ids,
+            use_cache=False,
+            logits_to_keep=width + 1,  # positions start − 1 … start + width − 1; the last predicts nothing
+        )
+    logits: torch.Tensor = out.logits[:, :width, :]
+    return logits
+
+
 def completion_logprobs(module: torch.nn.Module, packed: Packed, temperature: float) -> torch.Tensor:
     """``[rows, completion]`` log-probs of the completion tokens under ``module`` (one forward pass).
 
-    ``module`` is a causal LM (or a peft / DDP wrapper around one) whose output has ``.logits``. Gradients
-    flow unless the caller disables them. Values on padding are well defined but meaningless.
+    ``module`` is a causal LM (or a peft / DDP wrapper around one) that takes ``logits_to_keep`` and whose
+    output has ``.logits``. Gradients flow unless the caller disables them. Values on padding are well
+    defined but meaningless.
     """
-    logits = module(input_ids=packed.input_ids, use_cache=False).logits
-    index = packed.positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
-    window = logits.gather(1, index)
-    return shared_logprobs.token_logprobs(window, packed.targets, temperature)
+    return shared_logprobs.token_logprobs(completion_logits(module, packed), packed.targets, temperature)
+
+
+def full_logits_logprobs(module: torch.nn.Module, packed: Packed, temperature: float) -> torch.Tensor:
+    """The same log-probs the naive way: every position's logits, a gathered window, one log-softmax.
+
+    What the trainer did before the selective form; ``benchmarks/memory.py`` and the tests compare the two.
+    """
+    with autocast(module):
+        logits = module(
+            input_ids=packed.input_ids,
+            attention_mask=packed.attention_mask,
+            position_ids=packed.position_ids,
+            use_cache=False,
+        ).logits
+    width = packed.targets.shape[1]
+    window = logits[:, packed.start - 1 : packed.start - 1 + width, :]
+    return shared_logprobs.full_logprobs(window, packed.targets, temperature)
 
 
 class TrainablePolicy:
@@ -215,17 +274,24 @@ def load_policy(
     device: str = "cpu",
     with_reference: bool = False,
     model_dir: str | None = None,
+    gradient_checkpointing: bool = False,
 ) -> TrainablePolicy:
     """Load the base model of ``spec`` and make it trainable (LoRA or Full), in training mode.
 
     ``model_dir`` overrides the resolution of ``spec.path`` (a directory already resolved, e.g. by the
     caller on rank 0). ``with_reference`` keeps a frozen copy of the base for the KL penalty when
-    fine-tuning all weights (LoRA needs none). LoRA's initial ``A`` matrices come from torch's global RNG:
+    fine-tuning all weights (LoRA needs none). ``gradient_checkpointing`` is ``algorithm.gradientCheckpointing``. LoRA's initial ``A`` matrices come from torch's global RNG:
     seed it first for a reproducible start.
     """
     path = model_dir if model_dir is not None else model_load.resolve_spec(spec, task)
     base = model_load.load_causal_lm(path, spec.dtype, device)
     pad_id = _pad_id(base)
+    if gradient_checkpointing:
+        # transformers 5.x renamed it activation checkpointing (the old name warns and goes in v6).
+        if hasattr(base, "activation_checkpointing_enable"):
+            base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if spec.finetune == "LoRA":
         from peft import get_peft_model
 

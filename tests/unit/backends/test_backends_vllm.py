@@ -25,7 +25,11 @@ def test_sampling_params_kwargs() -> None:
         "logprobs": 0,
         "seed": 123,
         "detokenize": False,
+        "stop_token_ids": [],
     }
+    # the model's own EOS ids (e.g. a chat model's <|im_end|> and <|endoftext|>) are passed explicitly
+    with_stops = vllm_backend.sampling_params_kwargs(8, params, seed=123, stop_token_ids=frozenset({2, 0}))
+    assert with_stops["stop_token_ids"] == [0, 2]
 
 
 def test_top_p_below_one_is_refused_rather_than_misreported() -> None:

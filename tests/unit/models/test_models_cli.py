@@ -68,4 +68,4 @@ def test_warmup_errors_are_clear(tmp_path: Path) -> None:
     result = runner.invoke(model, ["warmup", "--model", "echorl:tiny", "--lr", "0.1"])
     assert result.exit_code == 2 and "--out" in result.output
     result = runner.invoke(model, ["warmup", "--model", "echorl:big", "--out", str(tmp_path / "o")])
-    assert result.exit_code == 2 and "tiny, small" in result.output
+    assert result.exit_code == 2 and "echorl:tiny, echorl:small" in result.output

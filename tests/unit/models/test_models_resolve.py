@@ -106,8 +106,12 @@ def test_local_directories_hub_ids_and_errors(
     assert resolve.resolve_model("my-model") == str(local.resolve())
     assert resolve.resolve_model("./my-model") == str(local.resolve())
 
-    assert resolve.resolve_model("Qwen/Qwen3-0.6B") == "Qwen/Qwen3-0.6B"
-    assert resolve.resolve_model("gpt2") == "gpt2"
+    # hub ids are looked up in the local Hugging Face cache (offline here); absent ones say so
+    for hub_id in ("Qwen/Qwen3-0.6B", "gpt2"):
+        with pytest.raises(
+            resolve.ModelNotFoundError, match=f"{hub_id!r} is not in the local Hugging Face cache"
+        ):
+            resolve.resolve_model(hub_id)
 
     for missing in ("./nope", str(tmp_path / "nope"), "~/definitely/not/here", "a/b/c"):
         with pytest.raises(FileNotFoundError, match="does not exist"):
@@ -119,8 +123,10 @@ def test_local_directories_hub_ids_and_errors(
     (tmp_path / "file").write_text("x")
     with pytest.raises(NotADirectoryError):
         resolve.resolve_model(str(tmp_path / "file"))
-    with pytest.raises(ValueError, match="tiny, small"):
+    with pytest.raises(ValueError, match="built-in models: echorl:tiny, echorl:small, echorl:smollm2-135m"):
         resolve.resolve_model("echorl:huge")
+    with pytest.raises(ValueError, match="built-in models"):
+        resolve.resolve_model("echorl:smollm2-135m", warmup_steps=5)
     with pytest.raises(ValueError, match="built-in models"):
         resolve.resolve_model(str(local), warmup_steps=5)
     with pytest.raises(ValueError, match="seed"):
