@@ -15,7 +15,10 @@ Decisions, each implemented by one function below:
 1. **Advantages** (:func:`group_advantages`): Shao et al. 2024 (DeepSeekMath), §4.1.2, outcome
    supervision: ``A_i = (r_i − mean(r)) / (std(r) + eps)`` within a group. ``std`` is the Bessel-corrected
    sample standard deviation (as TRL's and verl's GRPO), ``eps = 1e-6``. A group whose rewards are all
-   equal gets zero advantages (no signal), never NaN.
+   equal gets *exactly* zero advantages (no signal), never NaN: such a group is detected by comparing
+   the rewards themselves, not by the size of ``std``, because for a reward float arithmetic cannot
+   represent (0.1, say) the computed mean is an ulp away from it, the std is ~1e-8 rather than 0, and
+   ``(r − mean)/(std + eps)`` would hand every rollout of the group the same spurious ≈ −0.0074.
 2. **Surrogate** (:func:`clipped_surrogate`): the PPO-clip objective of Schulman et al. 2017 (eq. 7) on the
    ratio to the behaviour log-probs, ``L^CLIP = min(ρ A, clip(ρ, 1−ε, 1+ε) A)``, whose *unclipped* branch is
    weighted by a truncated importance weight ``min(ρ, C)`` (Espeholt et al. 2018, IMPALA, the V-trace
@@ -86,9 +89,11 @@ def group_advantages(rewards: torch.Tensor, eps: float = ADVANTAGE_EPS) -> torch
     """
     if rewards.dim() != 2 or rewards.shape[1] < 2:
         raise ValueError(f"rewards must have shape [groups, n] with n ≥ 2, got {tuple(rewards.shape)}")
-    r = rewards.to(torch.float32)
+    r = rewards.to(torch.float64)  # the statistics in double; the result in float32
     centred = r - r.mean(dim=1, keepdim=True)
-    return centred / (r.std(dim=1, unbiased=True, keepdim=True) + eps)
+    advantages = centred / (r.std(dim=1, unbiased=True, keepdim=True) + eps)
+    equal = (r == r[:, :1]).all(dim=1, keepdim=True)
+    return torch.where(equal, torch.zeros_like(advantages), advantages).to(torch.float32)
 
 
 @dataclasses.dataclass(frozen=True)

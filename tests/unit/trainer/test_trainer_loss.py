@@ -30,6 +30,35 @@ def test_advantages_of_equal_rewards_are_zero_not_nan() -> None:
     assert a.tolist() == [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
 
 
+@pytest.mark.parametrize("reward", [0.1, 0.9, 0.3, 0.7, 1 / 3, 0.2, 0.6])
+@pytest.mark.parametrize("size", [2, 8, 16, 64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_equal_rewards_that_floats_cannot_represent_give_exactly_zero(
+    reward: float, size: int, dtype: torch.dtype
+) -> None:
+    # The computed mean of n copies of 0.1 is an ulp away from 0.1 and the std ~1e-8, not 0: dividing by
+    # std + eps gave every rollout of such a group A ≈ -0.0074 at n = 8 (float32) before this was fixed.
+    r = torch.full((1, size), reward, dtype=dtype)
+    centred = r.to(torch.float32) - r.to(torch.float32).mean(dim=1, keepdim=True)
+    naive = centred / (r.to(torch.float32).std(dim=1, keepdim=True) + loss.ADVANTAGE_EPS)
+    a = loss.group_advantages(r)
+    assert a.dtype == torch.float32
+    assert torch.equal(a, torch.zeros_like(a))
+    assert a.tolist() == [[0.0] * size]
+    if reward == 0.1 and size == 8 and dtype == torch.float32:
+        assert naive.abs().max().item() > 1e-3  # the bug this guards against is real in this setting
+
+
+def test_one_different_reward_still_gets_its_signal() -> None:
+    a = loss.group_advantages(torch.tensor([[0.1] * 7 + [1.0]]))
+    assert a[0, -1].item() > 2.0 and all(x < 0 for x in a[0, :-1].tolist())
+    # a group equal but for one float ulp is not "all equal": it keeps its (tiny) deviations
+    b = loss.group_advantages(
+        torch.tensor([[0.1, 0.1, float(torch.tensor(0.1).nextafter(torch.tensor(1.0)))]])
+    )
+    assert b.abs().max().item() < 1e-1 and b.abs().max().item() > 0
+
+
 def test_advantages_reject_groups_of_one() -> None:
     with pytest.raises(ValueError, match="n ≥ 2"):
         loss.group_advantages(torch.tensor([[1.0], [0.0]]))
