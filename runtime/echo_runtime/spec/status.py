@@ -1,7 +1,8 @@
 """Status of Echo's objects as the operator writes it (and ``echorl run`` reports it).
 
 Conditions follow the Kubernetes API conventions: a ``type`` (``Ready``, ``Progressing``,
-``StalenessBounded``, ``Degraded``, ``Suspended``), ``status`` True/False/Unknown, a CamelCase
+``StalenessBounded``, ``Degraded``, ``Suspended``, and once the job is over ``Succeeded`` or
+``Failed``), ``status`` True/False/Unknown, a CamelCase
 ``reason``, a human ``message``, ``observedGeneration`` and ``lastTransitionTime``.
 """
 
@@ -17,14 +18,16 @@ from echo_runtime.spec.base import SpecModel
 _MAP_BY_TYPE: dict[str, Any] = {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}
 _MAP_BY_NAME: dict[str, Any] = {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]}
 
-ConditionType = Literal["Ready", "Progressing", "StalenessBounded", "Degraded", "Suspended"]
+ConditionType = Literal[
+    "Ready", "Progressing", "StalenessBounded", "Degraded", "Suspended", "Succeeded", "Failed"
+]
 
 
 class Condition(SpecModel):
     """One observation of the object's state."""
 
     type: str
-    """Condition type: Ready, Progressing, StalenessBounded, Degraded or Suspended."""
+    """Condition type: Ready, Progressing, StalenessBounded, Degraded, Suspended, Succeeded or Failed."""
     status: Literal["True", "False", "Unknown"]
     """Whether the condition holds."""
     reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", max_length=1024)
@@ -61,6 +64,8 @@ class PoolStatus(SpecModel):
     """Worker pods of the pool's Deployment."""
     ready_replicas: int = 0
     """Worker pods that are ready."""
+    pending: int = 0
+    """Worker pods the scheduler cannot place (the Ready condition says why)."""
     workers: int = 0
     """Workers registered with the coordinator (pods and external)."""
     observed_policy_version: int | None = None
@@ -92,8 +97,14 @@ class EchoJobStatus(SpecModel):
     """Rollouts pushed per second, across all workers."""
     pools: list[PoolStatus] = Field(default_factory=list, json_schema_extra=_MAP_BY_NAME)
     """One entry per inference pool."""
+    start_time: str | None = None
+    """RFC 3339 time the operator first started the job's processes."""
+    completion_time: str | None = None
+    """RFC 3339 time the job Succeeded: the final version and its checkpoint were in the store."""
+    restarts: int = 0
+    """Trainer failures counted against ``spec.backoffLimit`` (each restarted every rank)."""
     conditions: list[Condition] = Field(default_factory=list, json_schema_extra=_MAP_BY_TYPE)
-    """Ready, Progressing, StalenessBounded, Degraded, Suspended."""
+    """Ready, Progressing, StalenessBounded, Degraded, Suspended; Succeeded or Failed at the end."""
 
 
 class SwarmStatus(SpecModel):

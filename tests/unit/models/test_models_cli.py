@@ -39,6 +39,17 @@ def test_init_into_the_cache_and_into_a_directory(tmp_path: Path) -> None:
     assert runner.invoke(model, ["init", "--size", "huge"]).exit_code == 2
 
 
+def test_init_takes_a_model_name(tmp_path: Path) -> None:
+    runner = CliRunner()
+    result = runner.invoke(model, ["init", "echorl:tiny"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip().splitlines()[-1] == resolve.resolve_model("echorl:tiny")
+    result = runner.invoke(model, ["init", "qwen-7b"])
+    assert result.exit_code == 2 and "choose one of tiny, small, smollm2-135m" in result.output
+    result = runner.invoke(model, ["init", "smollm2-135m", "--out", str(tmp_path / "x")])
+    assert result.exit_code == 2 and "lives in the cache" in result.output  # refused before any download
+
+
 def test_warmup_prints_progress_and_accuracy(tmp_path: Path) -> None:
     runner = CliRunner()
     out = tmp_path / "warm"
