@@ -10,14 +10,19 @@ the digests of its join tokens) into the list of Kubernetes objects the operator
   ``<job>-coordinator-external`` when a pool has external workers;
 * ``<job>-<pool>`` Deployment per in-cluster inference pool, with that pool's image, node selector,
   tolerations, affinity and resources (``nvidia.com/gpu`` added for GPU pools);
-* ``<job>-trainer`` StatefulSet and headless Service: torch.distributed rendezvous at rank 0's stable
-  DNS name, ``NODE_RANK`` from the pod-index label.
+* ``<job>-trainer`` Job and headless Service: the trainer as a gang, an indexed Job with one pod per
+  node (``completions = parallelism = nodes``) and ``backoffLimit: 0``, so one failed rank fails the
+  whole Job and the Job controller stops the others; the operator then restarts every rank together
+  (:mod:`echo_operator.lifecycle`). torch.distributed meets at rank 0's stable DNS name
+  (``<job>-trainer-0.<job>-trainer``: the Job names pods' hostnames by index, the Service is their
+  subdomain); ``NODE_RANK`` is the completion index.
 
 Promises: the same input gives byte-identical output (re-applying changes nothing); every object is
 labelled (:mod:`echo_operator.names`) and controlled by the EchoJob through an owner reference;
-``suspend`` sets every replica count to zero; a pool whose ``replicas`` is unset leaves the field
-unowned, so ``kubectl scale`` or an HPA on the Deployment is not fought. Join-token Secrets hold
-random tokens, so they are made by :func:`join_secret` from a token the caller generated.
+``suspend`` sets every replica count to zero and leaves the trainer Job out, and so does a job that
+is over (:attr:`JobInput.finished`); a pool whose ``replicas`` is unset leaves the field unowned, so
+``kubectl scale`` or an HPA on the Deployment is not fought. Join-token Secrets hold random tokens,
+so they are made by :func:`join_secret` from a token the caller generated.
 """
 
 from __future__ import annotations
@@ -84,6 +89,8 @@ class JobInput:
     token_digests: Mapping[str, str]
     """``trainer`` and each pool name → hex SHA-256 of its join token."""
     store: StoreWiring = StoreWiring(secret=None)
+    finished: bool = False
+    """The job Succeeded or Failed: nothing runs any more (its processes are scaled to zero)."""
 
     @classmethod
     def from_resolved(
@@ -111,6 +118,11 @@ class JobInput:
     @property
     def suspended(self) -> bool:
         return self.spec.suspend
+
+    @property
+    def active(self) -> bool:
+        """Processes should run: neither suspended nor over."""
+        return not (self.spec.suspend or self.finished)
 
     @property
     def has_external_pools(self) -> bool:
@@ -286,7 +298,7 @@ def _pod_spec(
 
 
 def _replicas(job: JobInput, wanted: int) -> int:
-    return 0 if job.suspended else wanted
+    return wanted if job.active else 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -294,13 +306,15 @@ def _replicas(job: JobInput, wanted: int) -> int:
 
 
 _PLACEMENT = frozenset({"image", "resources", "node_selector", "tolerations", "affinity"})
+_OPERATOR_ONLY = {"suspend", "backoff_limit", "ttl_seconds_after_finished"}
+"""Spec fields only the operator acts on: changing them restarts no process."""
 
 
 def process_manifest(job: JobInput) -> Object:
     """The self-contained EchoJob every Echo process of the job reads from ``<job>-config``.
 
-    References are resolved; what only the operator uses (placement, replicas, suspend) is left
-    out, so that scaling a pool or moving it to other nodes does not change this file, which would
+    References are resolved; what only the operator uses (placement, replicas, suspend, the
+    lifecycle fields) is left out, so that scaling a pool or moving it to other nodes does not change this file, which would
     roll the coordinator and the trainer.
     """
     keep_training = set(echo_spec.TrainingSwarmSpec.model_fields) - _PLACEMENT
@@ -319,7 +333,7 @@ def process_manifest(job: JobInput) -> Object:
     )
     manifest = echo_spec.EchoJob(
         metadata=echo_spec.ObjectMeta(name=job.name, namespace=job.namespace), spec=body
-    ).model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"spec": {"suspend"}})
+    ).model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"spec": _OPERATOR_ONLY})
     return dict(_drop_empty(manifest))
 
 
@@ -566,7 +580,7 @@ def pool_deployment(job: JobInput, pool: Pool, settings: Settings) -> Object | N
     }
     pod_labels = names.labels(job.name, "inference", pool.name, pool.swarm)
     deployment_spec: Object = {}
-    if job.suspended:
+    if not job.active:
         deployment_spec["replicas"] = 0
     elif p.replicas is not None:
         deployment_spec["replicas"] = p.replicas
@@ -642,12 +656,12 @@ def rendezvous_env(job: JobInput) -> list[Object]:
         {"name": "MASTER_PORT", "value": str(names.RENDEZVOUS_PORT)},
         {"name": "NNODES", "value": str(t.nodes)},
         {"name": "NPROC_PER_NODE", "value": str(t.processes_per_node)},
-        # The StatefulSet controller labels each pod with its ordinal (Kubernetes ≥ 1.28).
-        _field_env("NODE_RANK", "metadata.labels['apps.kubernetes.io/pod-index']"),
+        # The Job controller labels each pod of an indexed Job with its completion index.
+        _field_env("NODE_RANK", f"metadata.labels['{names.JOB_INDEX_LABEL}']"),
     ]
 
 
-def trainer_statefulset(job: JobInput, settings: Settings) -> Object:
+def trainer_pod_spec(job: JobInput, settings: Settings) -> Object:
     t = job.training
     config_volume, config_mount = _config_volume(job)
     gpus = t.gpus_per_node
@@ -671,28 +685,59 @@ def trainer_statefulset(job: JobInput, settings: Settings) -> Object:
         "env": env,
         "resources": _resources(t.resources, gpus=gpus),
         "securityContext": _CONTAINER_SECURITY,
+        # A failed trainer's last log lines become its termination message: the operator quotes
+        # them in the EchoJob's Failed condition without reading logs.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [config_mount, *scratch_mounts],
     }
-    pod_labels = names.labels(job.name, "trainer")
+    return _pod_spec(
+        [container],
+        [config_volume, *scratch],
+        t,
+        restartPolicy="Never",
+        subdomain=names.trainer(job.name),
+        terminationGracePeriodSeconds=60,
+    )
+
+
+def trainer_job(job: JobInput, settings: Settings) -> Object:
+    """The trainer gang: an indexed Job, one pod per node, failing (and restarted) as a whole."""
+    nodes = job.training.nodes
+    pod = trainer_pod_spec(job, settings)
+    # A Job's pod template is immutable: a new hash means a new Job (every rank restarts together,
+    # from the last checkpoint).
+    hash_ = digest(yaml.safe_dump(process_manifest(job)), json.dumps(pod, sort_keys=True))
     return {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "metadata": _meta(job, names.trainer(job.name), "trainer"),
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            **_meta(job, names.trainer(job.name), "trainer"),
+            "annotations": {names.SPEC_HASH: hash_},
+        },
         "spec": {
-            "replicas": _replicas(job, t.nodes),
-            "serviceName": names.trainer(job.name),
-            # All ranks start together: torch.distributed waits for the whole group anyway.
-            "podManagementPolicy": "Parallel",
-            "revisionHistoryLimit": 3,
-            "selector": {"matchLabels": names.selector(job.name, "trainer")},
+            "completionMode": "Indexed",
+            "completions": nodes,
+            "parallelism": nodes,
+            # One failed rank fails the Job, and the Job controller stops the other ranks: the
+            # operator restarts them all (counting spec.backoffLimit) rather than one at a time.
+            "backoffLimit": 0,
+            "podFailurePolicy": {
+                "rules": [
+                    {
+                        # Evicted or preempted, not broken: fail the Job with reason PodFailurePolicy,
+                        # which the operator restarts without counting it as a failure.
+                        "action": "FailJob",
+                        "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+                    }
+                ]
+            },
+            "podReplacementPolicy": "Failed",
             "template": {
                 "metadata": {
-                    "labels": pod_labels,
-                    "annotations": {names.SPEC_HASH: digest(yaml.safe_dump(process_manifest(job)))},
+                    "labels": names.labels(job.name, "trainer"),
+                    "annotations": {names.SPEC_HASH: hash_},
                 },
-                "spec": _pod_spec(
-                    [container], [config_volume, *scratch], t, terminationGracePeriodSeconds=60
-                ),
+                "spec": pod,
             },
         },
     }
@@ -724,7 +769,11 @@ def trainer_service(job: JobInput) -> Object:
 
 
 def desired(job: JobInput, settings: Settings) -> list[Object]:
-    """Every object the job needs (except join-token Secrets), in the order they are applied."""
+    """Every object the job needs (except join-token Secrets), in the order they are applied.
+
+    The trainer Job only while the job is :attr:`~JobInput.active`: suspending the job, or the job
+    being over, stops the trainer (its pods hold GPUs) while everything else is scaled to zero.
+    """
     objects: list[Object | None] = [
         config_map(job),
         tokens_secret(job),
@@ -732,7 +781,7 @@ def desired(job: JobInput, settings: Settings) -> list[Object]:
         coordinator_external_service(job, settings),
         coordinator_deployment(job, settings),
         trainer_service(job),
-        trainer_statefulset(job, settings),
+        trainer_job(job, settings) if job.active else None,
         *(pool_deployment(job, pool, settings) for pool in job.pools),
     ]
     return [o for o in objects if o is not None]

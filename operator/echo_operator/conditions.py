@@ -2,7 +2,8 @@
 
 A condition's ``lastTransitionTime`` changes only when its ``status`` changes (API conventions), so
 re-computing the same state every few seconds writes nothing new. :func:`merge` applies that rule;
-:func:`transitions` lists the changes worth an Event. The five types and what "good" means for each:
+:func:`transitions` lists the changes worth an Event. The types and what "good" means for each
+(``Succeeded`` and ``Failed`` appear only once the job is over, like a Kubernetes Job's):
 
 =================  ============  =========================================================
 type               good status   meaning
@@ -12,6 +13,8 @@ Progressing        True          policy versions are advancing (False: Completed
 StalenessBounded   True          every pool keeps up with Δmax (False names the pools that do not)
 Degraded           False         something needs a human: a missing reference, storage, the bound
 Suspended          False         ``spec.suspend`` scaled the job to zero
+Succeeded          True          the final version and its checkpoint are in the store
+Failed             False         the trainer failed more often than ``spec.backoffLimit``
 =================  ============  =========================================================
 """
 
@@ -24,13 +27,17 @@ from typing import Any, Literal
 from echo_runtime.spec.status import ConditionType
 
 Status = Literal["True", "False", "Unknown"]
-TYPES: tuple[ConditionType, ...] = ("Ready", "Progressing", "StalenessBounded", "Degraded", "Suspended")
+TYPES: tuple[ConditionType, ...] = (
+    "Ready", "Progressing", "StalenessBounded", "Degraded", "Suspended", "Succeeded", "Failed"
+)  # fmt: skip
 GOOD: Mapping[str, Status] = {
     "Ready": "True",
     "Progressing": "True",
     "StalenessBounded": "True",
     "Degraded": "False",
     "Suspended": "False",
+    "Succeeded": "True",
+    "Failed": "False",
 }
 
 
@@ -80,6 +87,10 @@ def merge(
     return out
 
 
+_ENDED_WELL = frozenset({"JobSucceeded", "Completed"})
+"""Reasons of a not-Ready, not-Progressing job that is simply done."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Transition:
     """A condition whose status or reason changed: the raw material of an Event."""
@@ -90,7 +101,9 @@ class Transition:
     @property
     def warning(self) -> bool:
         """Warning when the new state is a bad one (Suspended is a user's choice, not a problem)."""
-        return self.condition.type != "Suspended" and self.condition.status != GOOD[self.condition.type]
+        if self.condition.type == "Suspended" or self.condition.reason in _ENDED_WELL:
+            return False
+        return self.condition.status != GOOD[self.condition.type]
 
 
 def transitions(previous: Sequence[Mapping[str, Any]], current: Iterable[Condition]) -> list[Transition]:

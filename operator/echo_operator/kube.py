@@ -28,7 +28,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("v1", "Pod"): "pods",
     ("v1", "Event"): "events",
     ("apps/v1", "Deployment"): "deployments",
-    ("apps/v1", "StatefulSet"): "statefulsets",
+    ("batch/v1", "Job"): "jobs",
     ("echorl.dev/v1alpha1", "EchoJob"): "echojobs",
     ("echorl.dev/v1alpha1", "InferenceSwarm"): "inferenceswarms",
     ("echorl.dev/v1alpha1", "TrainingSwarm"): "trainingswarms",
@@ -188,10 +188,17 @@ class Kube:
         return self.merge_patch(api_version, kind, namespace, name, {"status": status}, subresource="status")
 
     def delete(
-        self, api_version: str, kind: str, namespace: str | None, name: str, uid: str | None = None
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None,
+        name: str,
+        uid: str | None = None,
+        propagation: str = "Background",
     ) -> bool:
-        """Delete (background propagation); True if it existed. ``uid`` guards against a re-created object."""
-        body: Object = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
+        """Delete; True if it existed. ``uid`` guards against a re-created object. ``Foreground``
+        propagation keeps the object (terminating) until its dependents, e.g. a Job's pods, are gone."""
+        body: Object = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": propagation}
         if uid is not None:
             body["preconditions"] = {"uid": uid}
         try:

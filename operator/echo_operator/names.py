@@ -34,6 +34,8 @@ Component = Literal["coordinator", "inference", "trainer", "config", "join-token
 
 COORDINATOR_PORT = 8700  # the coordinator's own default (`echorl coordinator --port`)
 RENDEZVOUS_PORT = 29500
+JOB_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+"""The label the Job controller puts on each pod of an indexed Job: the trainer's node rank."""
 
 
 def coordinator(job: str) -> str:
@@ -57,7 +59,7 @@ def join_secret(job: str, pool_name: str) -> str:
 
 
 def trainer(job: str) -> str:
-    """Trainer StatefulSet and its headless Service."""
+    """Trainer Job (indexed: one pod per node rank) and its headless Service."""
     return f"{job}-trainer"
 
 

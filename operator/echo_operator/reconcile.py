@@ -5,7 +5,8 @@ read-only credentials), makes sure every join token exists, server-side-applies 
 :func:`echo_operator.children.desired` computes, deletes children the job no longer needs, and
 writes ``status``. :meth:`Reconciler.observe` is the status pass the operator runs on a timer: it
 reads the coordinator, decides which pools cannot keep up with Δmax (:mod:`echo_operator.pool_lag`),
-restarts stuck worker pods, and writes ``status`` and its conditions, posting an Event for every
+restarts stuck worker pods, follows the trainer Job through the job's life (:mod:`echo_operator.lifecycle`:
+Succeeded, a gang restart, Failed), and writes ``status`` and its conditions, posting an Event for every
 condition that changes. Both are idempotent and safe to run at any time; a per-job lock serialises them.
 
 Problems a user can fix (a missing reference, a missing credentials Secret, an unreachable store) are
@@ -29,7 +30,7 @@ from typing import Any
 
 import pydantic
 
-from echo_operator import children, conditions, names, observe, pool_lag, storage
+from echo_operator import children, conditions, lifecycle, names, observe, pool_lag, storage
 from echo_operator import status as status_mod
 from echo_operator.config import Settings
 from echo_operator.kube import Kube, KubeError
@@ -46,7 +47,7 @@ CHILD_KINDS: tuple[tuple[str, str], ...] = (
     ("v1", "Secret"),
     ("v1", "Service"),
     ("apps/v1", "Deployment"),
-    ("apps/v1", "StatefulSet"),
+    ("batch/v1", "Job"),
 )
 REF_FIELDS = {"SyncPolicy": "syncPolicyRef", "TrainingSwarm": "trainingSwarmRef"}
 
@@ -86,6 +87,14 @@ class JobMemory:
     behind: dict[str, pool_lag.PoolLag] = dataclasses.field(default_factory=dict)
     """Pools that cannot keep up, as of the last status pass."""
     restarted: dict[str, float] = dataclasses.field(default_factory=dict)
+    outcome: lifecycle.Outcome | None = None
+    """How the job ended, once it did (also read back from ``status`` after an operator restart)."""
+    final_version: int | None = None
+    restarts: int | None = None
+    """``status.restarts`` as last written (None: read it from the job's status)."""
+    counted_jobs: set[str] = dataclasses.field(default_factory=set)
+    """UIDs of failed trainer Jobs already acted on (their deletion takes a moment)."""
+    store_credentials: storage.Credentials | None = None
 
 
 class Problems(Exception):
@@ -147,6 +156,10 @@ class Reconciler:
             raise self._problem(body, "InvalidSpec", f"spec is invalid: {exc}") from None
         resolved = self._resolve(body, model)
         existing = self._existing_children(namespace, name, uid)
+        outcome = mem.outcome or lifecycle.outcome_of(body.get("status"))
+        mem.outcome = outcome
+        if lifecycle.expired(outcome, model.spec.ttl_seconds_after_finished, _now()):
+            return self._release(body, resolved, existing)
         store, issue = self._wire_storage(body, model, mem, existing)
         owner = self._owner(body)
         external_url = self._external_url(body, namespace, name, existing)
@@ -155,7 +168,9 @@ class Reconciler:
         tokens = self._ensure_tokens(body, owner, roles, external_roles, external_url, existing)
         mem.trainer_token = tokens["trainer"]
         digests = {role: hashlib.sha256(token.encode()).hexdigest() for role, token in tokens.items()}
-        job = children.JobInput.from_resolved(resolved, uid, digests, store)
+        job = dataclasses.replace(
+            children.JobInput.from_resolved(resolved, uid, digests, store), finished=outcome is not None
+        )
         self._apply_children(body, job, existing)
         if issue is not None:
             # Issuing a MinIO service account takes most of a second: do it once the children exist
@@ -165,6 +180,49 @@ class Reconciler:
                 job = dataclasses.replace(job, store=fallback)
                 self._apply_children(body, job, self._existing_children(namespace, name, uid))
         return job
+
+    def _release(
+        self, body: Mapping[str, Any], resolved: spec.ResolvedJob, existing: Mapping[tuple[str, str], Object]
+    ) -> children.JobInput:
+        """``ttlSecondsAfterFinished`` passed: delete every child; the EchoJob and its status stay."""
+        meta = body["metadata"]
+        for (kind, child), obj in existing.items():
+            self.kube.delete(obj["apiVersion"], kind, meta["namespace"], child, uid=obj["metadata"]["uid"])
+        if existing:
+            ttl = (body.get("spec") or {}).get("ttlSecondsAfterFinished")
+            self.event(
+                body, "Normal", "ChildrenDeleted",
+                _summary(f"ttlSecondsAfterFinished ({ttl} s) passed: deleted", [f"{k} {n}" for k, n in existing]),
+            )  # fmt: skip
+        job = children.JobInput.from_resolved(resolved, meta["uid"], {}, children.StoreWiring(secret=None))
+        return dataclasses.replace(job, finished=True)
+
+    def _sync_trainer(
+        self, body: Mapping[str, Any], job: children.JobInput, wanted: Object, current: Object | None
+    ) -> str | None:
+        """Create the trainer Job if missing; replace it (every rank) when what it runs changed.
+
+        Returns ``created`` or ``replaced`` when it did either. A Job being deleted is left to finish
+        (Foreground: until its pods are gone), so two trainers never run at once.
+        """
+        phase = lifecycle.trainer_phase(current)
+        if phase == "Terminating":
+            return None
+        if current is None:
+            self.kube.apply(wanted)
+            return "created"
+        have = (current["metadata"].get("annotations") or {}).get(names.SPEC_HASH)
+        if have != wanted["metadata"]["annotations"][names.SPEC_HASH]:
+            self.kube.delete(
+                "batch/v1", "Job", job.namespace, names.trainer(job.name),
+                uid=current["metadata"]["uid"], propagation="Foreground",
+            )  # fmt: skip
+            self.event(
+                body, "Normal", "TrainerRestarted",
+                "the trainer's spec changed: every rank restarts together from the last checkpoint",
+            )  # fmt: skip
+            return "replaced"
+        return None
 
     # -- references ------------------------------------------------------------------------------
     def _resolve(self, body: Mapping[str, Any], model: spec.EchoJob) -> spec.ResolvedJob:
@@ -410,6 +468,11 @@ class Reconciler:
         for obj in wanted:
             key = children.key(obj)
             before = existing.get(key)
+            if obj["kind"] == "Job":
+                done = self._sync_trainer(body, job, obj, before)
+                if done == "created":
+                    created.append(f"{key[0]} {key[1]}")
+                continue
             try:
                 after = self.kube.apply(obj)
             except KubeError as exc:
@@ -424,10 +487,18 @@ class Reconciler:
         keep = {children.key(o) for o in wanted}
         keep |= {("Secret", names.join_secret(job.name, role)) for role in children.roles(job)}
         keep.add(("Secret", names.readonly_secret(job.name)))
+        if job.finished:  # the finished trainer Job stays, for its record and its pods' logs
+            keep.add(("Job", names.trainer(job.name)))
         removed = []
         for key, obj in existing.items():
             if key not in keep:
-                self.kube.delete(obj["apiVersion"], key[0], job.namespace, key[1], uid=obj["metadata"]["uid"])
+                if key[0] == "Job" and obj["metadata"].get("deletionTimestamp"):
+                    continue
+                self.kube.delete(
+                    obj["apiVersion"], key[0], job.namespace, key[1], uid=obj["metadata"]["uid"],
+                    # a Job goes only once its pods are gone: a resumed trainer never meets the old one
+                    propagation="Foreground" if key[0] == "Job" else "Background",
+                )  # fmt: skip
                 removed.append(f"{key[0]} {key[1]}")
         if created:
             self.event(body, "Normal", "ChildrenCreated", _summary("created", created))
@@ -437,7 +508,7 @@ class Reconciler:
             self.event(body, "Normal", "ChildrenDeleted", _summary("deleted", removed))
 
     def _scaled_event(self, body: Mapping[str, Any], before: Object, after: Object) -> None:
-        if after.get("kind") not in ("Deployment", "StatefulSet"):
+        if after.get("kind") != "Deployment":
             return
         old, new = before.get("spec", {}).get("replicas"), after.get("spec", {}).get("replicas")
         if old != new:
@@ -449,13 +520,88 @@ class Reconciler:
     # Status
 
     def observe(self, body: Mapping[str, Any]) -> None:
-        """The status pass: read the coordinator, enforce Δmax, write status."""
+        """The status pass: follow the trainer Job, read the coordinator, enforce Δmax, write status."""
         meta = body["metadata"]
         mem = self.memory(meta["namespace"], meta["name"])
+        ended = False
         with mem.lock:
             if mem.job is None and not mem.problems:
                 return  # not reconciled yet (the operator just started): nothing to report
-            self._write_status(body, mem, fetch=True)
+            if mem.job is not None and mem.job.active:
+                ended = self._follow_trainer(body, mem, mem.job)
+            self._write_status(body, mem, fetch=not ended)
+        if ended:  # scale everything to zero now, not at the next resync
+            self.reconcile(body)
+
+    def _follow_trainer(self, body: Mapping[str, Any], mem: JobMemory, job: children.JobInput) -> bool:
+        """Act on the trainer Job's state (:func:`lifecycle.decide`); True when the job just ended."""
+        namespace, name = job.namespace, job.name
+        current = self.kube.get("batch/v1", "Job", namespace, names.trainer(name))
+        phase = lifecycle.trainer_phase(current)
+        if phase == "Missing":  # deleted for a restart (or by hand): the gang starts again
+            wanted = [o for o in children.desired(job, self.settings) if o["kind"] == "Job"]
+            if wanted:
+                self._sync_trainer(body, job, wanted[0], None)
+            return False
+        if phase not in ("Complete", "Failed") or current is None:
+            return False
+        uid = current["metadata"]["uid"]
+        if uid in mem.counted_jobs:
+            return False
+        if mem.restarts is None:
+            mem.restarts = int((body.get("status") or {}).get("restarts") or 0)
+        failure = progress = None
+        if phase == "Failed":
+            pods = self.kube.list("v1", "Pod", namespace, names.selector(name, "trainer"))
+            failure = lifecycle.failure_of(current, [p for p in pods if _owned_by(p, uid)])
+        else:
+            progress = self._progress(body, job)
+        decision = lifecycle.decide(
+            phase, failure, progress, job.spec.algorithm.max_steps, mem.restarts, job.spec.backoff_limit
+        )
+        if decision.action == "Wait":
+            return False
+        mem.counted_jobs.add(uid)
+        if decision.counted:
+            mem.restarts += 1
+        if decision.action == "Restart":
+            self.event(body, "Warning", decision.reason, decision.message)
+            self.kube.delete(
+                "batch/v1", "Job", namespace, names.trainer(name), uid=uid, propagation="Foreground"
+            )
+            return False
+        mem.outcome = lifecycle.Outcome(
+            "Succeeded" if decision.action == "Succeed" else "Failed",
+            decision.reason,
+            decision.message,
+            now_rfc3339(),
+        )
+        if progress is not None:
+            mem.final_version = progress.latest_version
+        mem.job = dataclasses.replace(job, finished=True)
+        self.event(
+            body,
+            "Normal" if decision.action == "Succeed" else "Warning",
+            "JobSucceeded" if decision.action == "Succeed" else "JobFailed",
+            decision.message,
+        )
+        return True
+
+    def _progress(self, body: Mapping[str, Any], job: children.JobInput) -> lifecycle.Progress | None:
+        """The newest version and checkpoint in the job's store (None if it cannot be read now)."""
+        store = spec.Storage.model_validate((body.get("spec") or {}).get("storage") or {})
+        creds = None
+        if store.credentials_secret:
+            data = self._secret_data(job.namespace, store.credentials_secret)
+            if not data or not data.get("accessKey") or not data.get("secretKey"):
+                return None
+            creds = storage.Credentials(data["accessKey"], data["secretKey"])
+        try:
+            version, checkpoint = storage.progress(store, creds, job.name)
+        except (store_errors.SnapshotError, ValueError) as exc:
+            log.warning("%s/%s: cannot read the snapshot store: %s", job.namespace, job.name, exc)
+            return None
+        return lifecycle.Progress(version, checkpoint)
 
     def _fetch(self, mem: JobMemory, namespace: str, name: str) -> None:
         if mem.trainer_token is None or mem.job is None or mem.job.suspended:
@@ -482,7 +628,16 @@ class Reconciler:
             for d in self.kube.list("apps/v1", "Deployment", namespace, {names.JOB: name})
             if _owned_by(d, meta["uid"])
         }
-        trainer = self.kube.get("apps/v1", "StatefulSet", namespace, names.trainer(name))
+        trainer = self.kube.get("batch/v1", "Job", namespace, names.trainer(name))
+        pods = (
+            self.kube.list("v1", "Pod", namespace, {names.JOB: name})
+            if job is not None and job.active
+            else []
+        )
+        waiting, waiting_count = status_mod.pending(pods)
+        previous_status: Object = dict(body.get("status") or {})
+        if mem.outcome is None:
+            mem.outcome = lifecycle.outcome_of(previous_status)
         restarted: list[str] = []
         doc = mem.doc
         if fetch:
@@ -505,10 +660,17 @@ class Reconciler:
             trainer=trainer,
             behind=mem.behind,
             restarted=tuple(restarted),
+            pending=waiting,
+            pending_pods=waiting_count,
+            outcome=mem.outcome,
+            restarts=mem.restarts if mem.restarts is not None else int(previous_status.get("restarts") or 0),
+            final_version=mem.final_version,
+            start_time=previous_status.get("startTime")
+            or (now_rfc3339() if job is not None and job.active else None),
         )
-        previous: Object = dict(body.get("status") or {})
+        previous = previous_status
         new = status_mod.job_status(obs, previous)
-        conds = status_mod.conditions(obs)
+        conds = status_mod.conditions(obs, previous)
         old_conditions = list(previous.get("conditions") or [])
         new["conditions"] = conditions.merge(old_conditions, conds, obs.generation, now_rfc3339())
         for change in conditions.transitions(old_conditions, conds):
@@ -704,6 +866,10 @@ class Reconciler:
             self.kube.create(event)
         except KubeError as exc:
             log.warning("could not post event %s for %s/%s: %s", reason, meta["namespace"], meta["name"], exc)
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
 
 
 def _owned_by(obj: Mapping[str, Any], uid: str) -> bool:

@@ -11,7 +11,9 @@ operator does lives here:
   workers only fetch snapshots). Stores without MinIO's admin API (AWS S3, ...) raise
   :class:`ReadOnlyUnsupported` and the caller falls back to the job's own credentials, saying so;
 * :func:`revoke_readonly` and :func:`delete_job_data` are the external cleanup behind the EchoJob's
-  finalizer (only set when there is something to clean: a service account, or ``deletePolicy: Delete``).
+  finalizer (only set when there is something to clean: a service account, or ``deletePolicy: Delete``);
+* :func:`progress` reads the newest published version and checkpoint: a job has Succeeded only once
+  both reached ``maxSteps``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from minio.error import MinioAdminException
 
 from echo_runtime import spec
 from echo_runtime.snapshots import layout, retry, s3
+from echo_runtime.snapshots import store as snapshot_store
 
 MARKER = "job.json"
 # The operator retries on its own schedule (the next reconcile), so one quick retry here is enough
@@ -196,3 +199,10 @@ def revoke_readonly(storage: spec.Storage, creds: Credentials | None, access_key
             return False
         raise
     return True
+
+
+def progress(storage: spec.Storage, creds: Credentials | None, job: str) -> tuple[int | None, int | None]:
+    """(newest published policy version, newest checkpoint) of ``job``; None where there is none yet."""
+    pair = (creds.access_key, creds.secret_key) if creds else None
+    found = snapshot_store.open_store(storage, job, credentials=pair, backoff=BACKOFF)
+    return found.latest_version(), found.latest_checkpoint()

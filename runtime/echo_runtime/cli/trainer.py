@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import sys
 from pathlib import Path
+from types import FrameType
 
 import click
 
@@ -81,6 +84,11 @@ def trainer(
     log_level: str,
 ) -> None:
     """Run the GRPO trainer: pull batches, take optimizer steps, publish a snapshot after each one."""
+    # In a pod the trainer is PID 1, which the kernel shields from every signal it has no handler
+    # for: without one, `kubectl delete pod` would wait out the whole grace period. A trainer stopped
+    # before maxSteps has not finished: exit 143 (as a shell reports SIGTERM), so its Job counts it
+    # failed and the next trainer resumes from the store.
+    signal.signal(signal.SIGTERM, _stop)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))  # not every request
     try:
@@ -122,6 +130,11 @@ def trainer(
             f"trainer: version {result.start_version} → {result.version} "
             f"({len(result.steps)} optimizer step(s), rank 0 of {world.world_size}, pid {os.getpid()})"
         )
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    logging.getLogger("echorl.trainer").warning("signal %d: stopping before maxSteps", signum)
+    sys.exit(128 + signum)
 
 
 if __name__ == "__main__":  # torchrun -m echo_runtime.cli.trainer ...

@@ -66,6 +66,14 @@ class EchoJobSpec(SpecModel):
     """Inference pools; each inline or a ``swarmRef``."""
     suspend: bool = False
     """Scale every process of the job to zero (state in the snapshot store is kept)."""
+    backoff_limit: int = Field(default=3, ge=0, le=1000)
+    """How many times the trainer may fail before the job is Failed (as a Kubernetes Job's
+    ``backoffLimit``). Every rank of the trainer restarts together, from the last checkpoint; a pod
+    deleted by hand counts as a failure, a disruption (eviction, preemption) does not."""
+    ttl_seconds_after_finished: int | None = Field(default=None, ge=0)
+    """Seconds after the job Succeeded or Failed before its children (Deployments, Services, the
+    trainer Job, Secrets, ConfigMap) are deleted; the EchoJob, its status and the snapshots stay.
+    Unset: the children stay (scaled to zero) until the job is deleted."""
 
     @model_validator(mode="after")
     def _refs(self) -> EchoJobSpec:

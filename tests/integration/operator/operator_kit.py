@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 from services.kube import KubeApiServer
 
 T = TypeVar("T")
-REPO_KINDS = ("deployments", "statefulsets", "services", "configmaps", "secrets")
+REPO_KINDS = ("deployments", "jobs.batch", "services", "configmaps", "secrets")
 
 
 def eventually(fn: Callable[[], T], timeout: float = 30.0, interval: float = 0.1) -> T:
@@ -43,7 +43,7 @@ def get(kube: KubeApiServer, namespace: str, kind: str, name: str) -> dict[str, 
 
 
 def children_of(kube: KubeApiServer, namespace: str, job: str) -> dict[tuple[str, str], dict[str, Any]]:
-    """Every Deployment/StatefulSet/Service/ConfigMap/Secret labelled with the job, by (kind, name)."""
+    """Every Deployment/Job/Service/ConfigMap/Secret labelled with the job, by (kind, name)."""
     out: dict[tuple[str, str], dict[str, Any]] = {}
     listed = kube.kubectl_json("get", "-n", namespace, ",".join(REPO_KINDS), "-l", f"echorl.dev/job={job}")
     for item in listed["items"]:

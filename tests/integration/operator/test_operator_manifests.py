@@ -174,7 +174,8 @@ def test_model_and_store_are_immutable(
 
 ALLOWED = [
     ("patch", "deployments.apps"),
-    ("create", "statefulsets.apps"),
+    ("create", "jobs.batch"),
+    ("delete", "jobs.batch"),
     ("create", "secrets"),
     ("get", "secrets"),
     ("delete", "pods"),

@@ -3,7 +3,7 @@
 Printed (run with ``-s`` to see them) and recorded as test properties:
 
 * ``apply_to_children_3_pools_s``: from ``kubectl apply`` of a job with 3 pools until every child
-  (ConfigMap, Secrets, Services, Deployments, StatefulSet) exists, median of 3 jobs;
+  (ConfigMap, Secrets, Services, Deployments, the trainer Job) exists, median of 3 jobs;
 * ``apply_to_children_20_pools_s``: the same for one job with 20 pools;
 * ``reconcile_20_pools_s``: one full reconcile pass of the 20-pool job (resolve, storage, tokens,
   server-side apply of every child, prune, status), median of 5, measured on a second
@@ -45,7 +45,7 @@ def job_yaml(name: str, pools: int, storage: str) -> str:
 def time_to_children(kube_api: KubeApiServer, ns: str, name: str, pools: int, storage: str) -> float:
     want = {("Deployment", f"{name}-pool{i}") for i in range(pools)} | {
         ("Deployment", f"{name}-coordinator"),
-        ("StatefulSet", f"{name}-trainer"),
+        ("Job", f"{name}-trainer"),
         ("ConfigMap", f"{name}-config"),
         ("Secret", f"{name}-tokens"),
         ("Service", f"{name}-coordinator"),

@@ -2,7 +2,7 @@
 
 The test plays the parts envtest lacks: it starts the coordinator (``python -m echo_runtime.coordinator``,
 the process the coordinator Deployment runs) from the job's own ConfigMap and tokens Secret, marks the
-trainer StatefulSet ready as a kubelet would, registers a worker with its pool's join token, and
+trainer Job's pod ready as the Job controller would report it, registers a worker with its pool's join token, and
 announces policy versions as the trainer would. The operator reads the coordinator through
 ``ECHORL_COORDINATOR_URL`` instead of the in-cluster Service name.
 """
@@ -148,11 +148,11 @@ def _exercise(kube: KubeApiServer, ns: str) -> None:
         "patch",
         "-n",
         ns,
-        "statefulset/live-trainer",
+        "job/live-trainer",
         "--subresource=status",
         "--type=merge",
         "-p",
-        '{"status": {"replicas": 1, "readyReplicas": 1, "availableReplicas": 1}}',
+        '{"status": {"active": 1, "ready": 1, "startTime": "2026-12-01T00:00:00Z"}}',
     )
     secrets = children_of(kube, ns, "live")
     pool_token = secret_value(secrets[("Secret", "live-cpu-join")], "token")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import pathlib
 from collections.abc import Iterator
 from typing import Any
@@ -31,7 +32,7 @@ def env_of(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 def workloads(objects: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-    return (o for o in objects if o["kind"] in ("Deployment", "StatefulSet"))
+    return (o for o in objects if o["kind"] in ("Deployment", "Job"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -47,7 +48,7 @@ def test_heterogeneous_job_gets_every_child_and_no_pods_for_external_pools(make_
         ("Service", "demo-coordinator-external"),
         ("Deployment", "demo-coordinator"),
         ("Service", "demo-trainer"),
-        ("StatefulSet", "demo-trainer"),
+        ("Job", "demo-trainer"),
         ("Deployment", "demo-gpu"),
         ("Deployment", "demo-cpu"),
         ("Deployment", "demo-shared"),
@@ -80,13 +81,15 @@ def test_selectors_match_their_pods_and_services_match_their_workloads(make_job:
     objs = children.desired(make_job(), SETTINGS)
     index = by_key(objs)
     for obj in workloads(objs):
+        if obj["kind"] == "Job":
+            continue  # the Job controller selects its pods by its own uid label
         selector = obj["spec"]["selector"]["matchLabels"]
         pod_labels = obj["spec"]["template"]["metadata"]["labels"]
         assert selector.items() <= pod_labels.items()
     coordinator_pods = index[("Deployment", "demo-coordinator")]["spec"]["template"]["metadata"]["labels"]
     for svc in ("demo-coordinator", "demo-coordinator-external"):
         assert index[("Service", svc)]["spec"]["selector"].items() <= coordinator_pods.items()
-    trainer_pods = index[("StatefulSet", "demo-trainer")]["spec"]["template"]["metadata"]["labels"]
+    trainer_pods = index[("Job", "demo-trainer")]["spec"]["template"]["metadata"]["labels"]
     assert index[("Service", "demo-trainer")]["spec"]["selector"].items() <= trainer_pods.items()
 
 
@@ -169,7 +172,7 @@ def test_workers_get_read_only_store_credentials_and_the_rest_full_ones(make_job
     for pool in ("demo-gpu", "demo-cpu", "demo-shared"):
         assert env_of(index[("Deployment", pool)])["ECHORL_S3_ACCESS_KEY"] == ro
     assert env_of(index[("Deployment", "demo-coordinator")])["ECHORL_S3_ACCESS_KEY"] == full
-    assert env_of(index[("StatefulSet", "demo-trainer")])["ECHORL_S3_ACCESS_KEY"] == full
+    assert env_of(index[("Job", "demo-trainer")])["ECHORL_S3_ACCESS_KEY"] == full
 
 
 def test_without_read_only_credentials_workers_fall_back_and_without_any_get_none(make_job: Any) -> None:
@@ -186,33 +189,69 @@ def test_without_read_only_credentials_workers_fall_back_and_without_any_get_non
 # Trainer and coordinator
 
 
-def test_trainer_is_a_statefulset_with_rendezvous_env_under_torchrun(make_job: Any) -> None:
+def test_trainer_is_an_indexed_job_that_fails_as_a_gang_with_rendezvous_env_under_torchrun(
+    make_job: Any,
+) -> None:
     index = by_key(children.desired(make_job(), SETTINGS))
-    sts = index[("StatefulSet", "demo-trainer")]
-    assert sts["spec"]["replicas"] == 2
-    assert sts["spec"]["serviceName"] == "demo-trainer"
-    assert sts["spec"]["podManagementPolicy"] == "Parallel"
-    env = env_of(sts)
+    job = index[("Job", "demo-trainer")]
+    assert job["spec"]["completionMode"] == "Indexed"
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 2
+    # One failed rank fails the whole Job (the operator restarts every rank), never one at a time.
+    assert job["spec"]["backoffLimit"] == 0
+    assert job["spec"]["podFailurePolicy"]["rules"][0]["onPodConditions"] == [
+        {"type": "DisruptionTarget", "status": "True"}
+    ]
+    pod = job["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    assert pod["subdomain"] == "demo-trainer"  # pod demo-trainer-0 is demo-trainer-0.demo-trainer.ml.svc
+    env = env_of(job)
     assert env["MASTER_ADDR"] == "demo-trainer-0.demo-trainer.ml.svc"
     assert env["MASTER_PORT"] == "29500"
     assert env["NNODES"] == "2"
     assert env["NPROC_PER_NODE"] == "2"
-    assert env["NODE_RANK"] == {"fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}}
+    assert env["NODE_RANK"] == {
+        "fieldRef": {"fieldPath": "metadata.labels['batch.kubernetes.io/job-completion-index']"}
+    }
     assert env["ECHORL_TRAINER_TOKEN"] == {"secretKeyRef": {"name": "demo-trainer-join", "key": "token"}}
-    args = container(sts)["command"]
+    args = container(job)["command"]
     assert args[:2] == ["torchrun", "--no-python"]
     assert "--node-rank=$(NODE_RANK)" in args
     assert args[args.index("echorl") :][:2] == ["echorl", "trainer"]
-    assert container(sts)["resources"]["limits"] == {"nvidia.com/gpu": "2"}
-    assert sts["spec"]["template"]["spec"]["nodeSelector"] == {"echorl.dev/pool": "train"}
+    assert container(job)["resources"]["limits"] == {"nvidia.com/gpu": "2"}
+    assert container(job)["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert pod["nodeSelector"] == {"echorl.dev/pool": "train"}
     svc = index[("Service", "demo-trainer")]["spec"]
     assert svc["clusterIP"] == "None"
     assert svc["publishNotReadyAddresses"] is True
 
 
+def test_a_change_of_what_the_trainer_runs_changes_its_jobs_hash(make_job: Any) -> None:
+    text = "apiVersion: echorl.dev/v1alpha1\nkind: EchoJob\nmetadata: {name: solo, namespace: ml}\n"
+    base = by_key(children.desired(make_job(text), SETTINGS))[("Job", "solo-trainer")]
+    changed = by_key(children.desired(make_job(text + "spec: {algorithm: {learningRate: 0.01}}\n"), SETTINGS))
+    lifecycle_only = by_key(children.desired(make_job(text + "spec: {backoffLimit: 7}\n"), SETTINGS))
+    hash_ = names.SPEC_HASH
+    assert (
+        changed[("Job", "solo-trainer")]["metadata"]["annotations"][hash_]
+        != base["metadata"]["annotations"][hash_]
+    )
+    assert lifecycle_only[("Job", "solo-trainer")] == base  # backoffLimit is the operator's alone
+
+
+def test_suspended_or_finished_jobs_have_no_trainer_and_no_running_processes(make_job: Any) -> None:
+    text = "apiVersion: echorl.dev/v1alpha1\nkind: EchoJob\nmetadata: {name: solo, namespace: ml}\n"
+    for job in (
+        make_job(text + "spec: {suspend: true}\n"),
+        dataclasses.replace(make_job(text), finished=True),
+    ):
+        objs = by_key(children.desired(job, SETTINGS))
+        assert ("Job", "solo-trainer") not in objs
+        assert all(o["spec"]["replicas"] == 0 for k, o in objs.items() if k[0] == "Deployment")
+
+
 def test_single_process_trainer_runs_without_torchrun(make_job: Any) -> None:
     text = "apiVersion: echorl.dev/v1alpha1\nkind: EchoJob\nmetadata: {name: solo, namespace: ml}\n"
-    sts = by_key(children.desired(make_job(text), SETTINGS))[("StatefulSet", "solo-trainer")]
+    sts = by_key(children.desired(make_job(text), SETTINGS))[("Job", "solo-trainer")]
     assert container(sts)["command"][:4] == ["echorl", "trainer", "--job", children.JOB_FILE]
     assert "--resume" in container(sts)["command"]
     assert "resources" not in container(sts) or "limits" not in container(sts)["resources"]

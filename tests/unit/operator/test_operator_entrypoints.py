@@ -30,7 +30,7 @@ def commands(make_job: Any) -> list[tuple[str, list[str], dict[str, str]]]:
     """(workload, argv, env names) of every container the operator would create."""
     out = []
     for obj in children.desired(make_job(), Settings()):
-        if obj["kind"] in ("Deployment", "StatefulSet"):
+        if obj["kind"] in ("Deployment", "Job"):
             (c,) = obj["spec"]["template"]["spec"]["containers"]
             out.append((obj["metadata"]["name"], list(c["command"]), {e["name"]: "x" for e in c["env"]}))
     return out

@@ -38,6 +38,7 @@ def test_status_fields_come_from_the_coordinator_and_the_deployments(make_job: A
         "name": "gpu",
         "replicas": 3,
         "readyReplicas": 2,
+        "pending": 0,
         "workers": 1,
         "observedPolicyVersion": 16,
         "externalWorkers": [],

@@ -1,0 +1,202 @@
+"""An EchoJob's life after it starts, as a Kubernetes Job has one: pure decisions, no I/O.
+
+The trainer runs as an indexed Job with ``backoffLimit: 0`` (:func:`echo_operator.children.trainer_job`),
+so the Job controller reports the gang as a whole: every rank Complete, or Failed as soon as one rank
+fails (and then stops the others). From that, and from the snapshot store, :func:`decide` chooses:
+
+* the Job is **Complete** and the store holds the final version (``maxSteps``) and its checkpoint →
+  the EchoJob **Succeeded** (``completionTime``); everything is scaled to zero, the store keeps the
+  snapshots. Complete without the final version (a trainer that exited 0 too early) is a failure;
+* the Job **Failed** → restart every rank together (a new Job; ``--resume`` continues from the last
+  checkpoint) and count it in ``status.restarts``, unless the failure was a disruption (the Job's
+  ``podFailurePolicy`` turned an eviction or preemption into reason ``PodFailurePolicy``), which is
+  restarted without counting. When ``restarts`` would exceed ``spec.backoffLimit`` the EchoJob
+  **Failed**, with the failed pod's exit code and the last lines of its log (its termination message,
+  ``FallbackToLogsOnError``) in the condition's message.
+
+Both outcomes are final, like a Job's: the job's processes stay scaled to zero, and
+``ttlSecondsAfterFinished`` (:func:`expired`) later deletes its children. To run again, create a new
+EchoJob (``--resume`` semantics make it continue from the store if it uses the same name and prefix).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+Object = dict[str, Any]
+TAIL_LINES = 20
+"""How many lines of a failed trainer's log go into the Failed condition's message."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """How the job ended."""
+
+    type: Literal["Succeeded", "Failed"]
+    reason: str
+    message: str
+    time: str
+    """RFC 3339 time it ended (``status.completionTime`` for Succeeded)."""
+
+
+def outcome_of(status: Mapping[str, Any] | None) -> Outcome | None:
+    """The outcome recorded in an EchoJob's ``status`` (None while it runs)."""
+    for cond in (status or {}).get("conditions") or []:
+        if cond.get("type") in ("Succeeded", "Failed") and cond.get("status") == "True":
+            return Outcome(
+                cond["type"], str(cond.get("reason", "")), str(cond.get("message", "")),
+                str(cond.get("lastTransitionTime") or (status or {}).get("completionTime") or ""),
+            )  # fmt: skip
+    return None
+
+
+def expired(outcome: Outcome | None, ttl_s: int | None, now: datetime.datetime) -> bool:
+    """Whether ``ttlSecondsAfterFinished`` has passed since the job ended."""
+    if outcome is None or ttl_s is None or not outcome.time:
+        return False
+    ended = datetime.datetime.fromisoformat(outcome.time.replace("Z", "+00:00"))
+    return (now - ended).total_seconds() >= ttl_s
+
+
+# ---------------------------------------------------------------------------------------------
+# The trainer Job
+
+
+TrainerPhase = Literal["Missing", "Terminating", "Running", "Complete", "Failed"]
+
+
+def trainer_phase(job: Mapping[str, Any] | None) -> TrainerPhase:
+    if job is None:
+        return "Missing"
+    if job.get("metadata", {}).get("deletionTimestamp"):
+        return "Terminating"
+    for cond in job.get("status", {}).get("conditions") or []:
+        if cond.get("status") == "True" and cond.get("type") in ("Complete", "Failed"):
+            return "Complete" if cond["type"] == "Complete" else "Failed"
+    return "Running"
+
+
+def failure_reason(job: Mapping[str, Any]) -> str:
+    """The Job's Failed condition reason (``BackoffLimitExceeded``, ``PodFailurePolicy``, ...)."""
+    for cond in job.get("status", {}).get("conditions") or []:
+        if cond.get("type") == "Failed" and cond.get("status") == "True":
+            return str(cond.get("reason") or "Failed")
+    return "Failed"
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    """What one failed trainer attempt tells a human."""
+
+    counted: bool
+    """False for disruptions (eviction, preemption): restarted without counting."""
+    summary: str
+    """One line: which pod, exit code and reason."""
+    log_tail: str
+    """The last lines of the failed container's log (its termination message), may be empty."""
+
+    def describe(self) -> str:
+        return self.summary + (f"; last lines of its log:\n{self.log_tail}" if self.log_tail else "")
+
+
+def failure_of(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> Failure:
+    """Explain a Failed trainer Job from its pods: the first rank that failed on its own."""
+    reason = failure_reason(job)
+    counted = reason != "PodFailurePolicy"
+    terminated = []
+    for pod in pods:
+        for status in pod.get("status", {}).get("containerStatuses") or []:
+            state = (status.get("state") or {}).get("terminated") or (status.get("lastState") or {}).get(
+                "terminated"
+            )
+            if state and int(state.get("exitCode", 0)) != 0:
+                terminated.append((str(state.get("finishedAt") or ""), pod, state))
+    if not terminated:
+        deleted = [p["metadata"]["name"] for p in pods if p.get("metadata", {}).get("deletionTimestamp")]
+        what = f"pod(s) {', '.join(deleted)} deleted" if deleted else "its pods are gone (deleted or evicted)"
+        return Failure(counted, f"trainer Job failed ({reason}): {what}", "")
+    _, pod, state = sorted(terminated, key=lambda t: t[0])[0]
+    index = pod.get("metadata", {}).get("labels", {}).get("batch.kubernetes.io/job-completion-index", "?")
+    summary = (
+        f"trainer pod {pod['metadata']['name']} (rank {index}) exited with code {state.get('exitCode')}"
+        f" ({state.get('reason') or 'Error'}); Job reason {reason}"
+    )
+    lines = [line for line in str(state.get("message") or "").splitlines() if line.strip()]
+    return Failure(counted, summary, "\n".join(lines[-TAIL_LINES:]))
+
+
+# ---------------------------------------------------------------------------------------------
+# What to do
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """What the snapshot store holds of the job."""
+
+    latest_version: int | None
+    latest_checkpoint: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """``action``: Wait (nothing to do), Succeed, Restart (a new trainer Job) or Fail."""
+
+    action: Literal["Wait", "Succeed", "Restart", "Fail"]
+    reason: str = ""
+    message: str = ""
+    counted: bool = False
+    """Restart/Fail: whether this failure counts against ``backoffLimit``."""
+
+
+def decide(
+    phase: TrainerPhase,
+    failure: Failure | None,
+    progress: Progress | None,
+    max_steps: int,
+    restarts: int,
+    backoff_limit: int,
+) -> Decision:
+    """What the operator does about the trainer Job in ``phase`` (see the module docstring)."""
+    if phase == "Complete":
+        if progress is None:
+            return Decision("Wait", "StoreUnreadable", "the trainer finished; waiting to read the store")
+        version, checkpoint = progress.latest_version, progress.latest_checkpoint
+        if (
+            version is not None
+            and version >= max_steps
+            and checkpoint is not None
+            and checkpoint >= max_steps
+        ):
+            return Decision(
+                "Succeed", "TrainingCompleted",
+                f"policy version {version} (maxSteps {max_steps}) and its checkpoint are in the snapshot store",
+            )  # fmt: skip
+        failure = Failure(
+            True,
+            f"the trainer exited 0 at policy version {version} (checkpoint {checkpoint}) before maxSteps {max_steps}",
+            "",
+        )
+    elif phase != "Failed":
+        return Decision("Wait")
+    assert failure is not None
+    if failure.counted and restarts + 1 > backoff_limit:
+        return Decision(
+            "Fail", "BackoffLimitExceeded",
+            f"the trainer failed {restarts + 1} time(s), more than backoffLimit {backoff_limit}; "
+            f"last failure: {failure.describe()}",
+            counted=True,
+        )  # fmt: skip
+    return Decision(
+        "Restart",
+        "TrainerFailed" if failure.counted else "TrainerDisrupted",
+        f"{failure.describe()}; restarting every rank from the last checkpoint"
+        + (
+            f" (failure {restarts + 1} of backoffLimit {backoff_limit})"
+            if failure.counted
+            else " (not counted)"
+        ),
+        counted=failure.counted,
+    )
