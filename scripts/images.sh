@@ -12,7 +12,7 @@
 #    wheelhouse (scripts/pyindex.py). Builds run inside a network namespace of their own that has
 #    nothing but loopback: they reach that index and nothing else.
 #
-# Everything is cached under $ECHORL_CACHE_DIR/images (default ~/.cache/echorl/images), keyed by
+# Everything is cached under $ECHORL_E2E_CACHE/images (default ~/.cache/echorl/images), keyed by
 # content: the base by its recipe, the wheelhouse by pyproject.toml, each image by its Dockerfile,
 # build arguments, base, wheelhouse and the files it copies. A warm cache builds nothing. Needs root
 # (podman's and containerd's stores, network namespaces). images/README.md says why it is built so.
@@ -30,7 +30,7 @@ IMAGES=(operator worker-cpu trainer)                        # images/<name>.Dock
 TEST_IMAGES=(pause minio failing-trainer)                   # tests/e2e/images/<name>.Dockerfile
 # ---------------------------------------------------------------------------------------------
 
-CACHE="${ECHORL_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/echorl}/images"
+CACHE="${ECHORL_E2E_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/echorl}/images"
 log() { printf '[images %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 sha() { sha256sum | cut -c1-"${1:-16}"; }
 mkdir -p "$CACHE"/{podman,tmp,wheels}

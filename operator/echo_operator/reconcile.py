@@ -604,11 +604,15 @@ class Reconciler:
         return lifecycle.Progress(version, checkpoint)
 
     def _fetch(self, mem: JobMemory, namespace: str, name: str) -> None:
-        if mem.trainer_token is None or mem.job is None or mem.job.suspended:
-            mem.doc, mem.doc_error = (
-                None,
-                "suspended" if mem.job and mem.job.suspended else "not reconciled yet",
+        if mem.trainer_token is None or mem.job is None or not mem.job.active:
+            why = (
+                "not reconciled yet"
+                if mem.job is None
+                else "suspended"
+                if mem.job.suspended
+                else "the job is over"
             )
+            mem.doc, mem.doc_error = None, why
             return
         url = self.settings.status_url(name, namespace)
         try:

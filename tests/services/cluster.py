@@ -68,8 +68,13 @@ COMPONENTS = (
 
 
 def cache_root() -> Path:
+    """Where images and containerd's image store are cached: ``$ECHORL_E2E_CACHE`` or ~/.cache/echorl.
+
+    Like the test binaries' cache (and unlike the Python environment's ``$ECHORL_CACHE_DIR``) it is
+    keyed by content and shared by every checkout on the machine: images are many GB.
+    """
     return Path(
-        os.environ.get("ECHORL_CACHE_DIR")
+        os.environ.get("ECHORL_E2E_CACHE")
         or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "echorl"
     )
 
@@ -525,7 +530,7 @@ def start_cluster(
         os.close(lock_fd)
         raise ServiceError(
             f"another test cluster uses {containerd_root} (its images); stop it (scripts/cluster.sh down) "
-            "or give this run another ECHORL_CACHE_DIR"
+            "or give this run another ECHORL_E2E_CACHE"
         ) from None
     ns = netns.create(
         f"echorl-e2e-{ident}",
