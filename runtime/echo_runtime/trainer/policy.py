@@ -11,10 +11,12 @@ Promises:
   tokens, prompt and completion in one forward pass. **Selectively**: prompts are left-padded so that
   every row's completion starts at the same column (an attention mask hides the padding, explicit
   position ids keep each row's positions what they are unpadded, as the backends sample), and the model
-  is asked for the logits of the completion positions only (``logits_to_keep``); the log-softmax is then
-  taken a chunk at a time (:func:`~echo_runtime.backends.logprobs.token_logprobs`). The
-  ``[rows, length, vocab]`` logits, a gathered copy and a float32 log-softmax copy are never made:
-  ``benchmarks/memory.py`` measures the difference on a 152k vocabulary.
+  is asked for the logits of the positions that predict a real completion token and no others
+  (``logits_to_keep`` as a boolean ``[rows, length]`` mask, transformers 5: ``[tokens, vocab]`` logits,
+  no padding rows); the log-softmax is then taken a chunk at a time
+  (:func:`~echo_runtime.backends.logprobs.token_logprobs`). The ``[rows, length, vocab]`` logits, a
+  gathered copy and a float32 log-softmax copy are never made: ``benchmarks/memory.py`` measures the
+  difference on a 152k vocabulary.
 * ``algorithm.gradientCheckpointing`` recomputes the decoder's activations in the backward pass
   (transformers' non-reentrant checkpointing); in bfloat16/float16 on a device that supports it, the
   forward runs under ``torch.autocast`` so that norms and softmaxes the framework keeps in float32 stay
@@ -60,6 +62,8 @@ class Packed:
     """``[rows, start + completion]``: each token's position in its own unpadded sequence."""
     start: int
     """The column of every row's first completion token (the longest prompt's length)."""
+    keep: torch.Tensor
+    """``[rows, start + completion]`` bool: the positions whose logits predict a completion token."""
     targets: torch.Tensor
     """``[rows, completion]``: the completion tokens (0 on padding)."""
     mask: torch.Tensor
@@ -77,6 +81,7 @@ def pack(rollouts: Sequence[Rollout], pad_id: int, device: torch.device | str = 
     rows = len(rollouts)
     input_ids = torch.full((rows, start + width), pad_id, dtype=torch.long)
     attention = torch.zeros((rows, start + width), dtype=torch.long)
+    keep = torch.zeros((rows, start + width), dtype=torch.bool)
     targets = torch.zeros((rows, width), dtype=torch.long)
     mask = torch.zeros((rows, width), dtype=torch.float32)
     behaviour = torch.zeros((rows, width), dtype=torch.float32)
@@ -84,6 +89,7 @@ def pack(rollouts: Sequence[Rollout], pad_id: int, device: torch.device | str = 
         p, c = len(r.prompt_ids), len(r.completion_ids)
         input_ids[i, start - p : start + c] = torch.tensor(r.prompt_ids + r.completion_ids, dtype=torch.long)
         attention[i, start - p : start + c] = 1
+        keep[i, start - 1 : start - 1 + c] = True
         targets[i, :c] = torch.tensor(r.completion_ids, dtype=torch.long)
         mask[i, :c] = 1.0
         behaviour[i, :c] = torch.tensor(r.logprobs, dtype=torch.float32)
@@ -93,6 +99,7 @@ def pack(rollouts: Sequence[Rollout], pad_id: int, device: torch.device | str = 
         attention_mask=attention.to(device),
         position_ids=position_ids.to(device),
         start=start,
+        keep=keep.to(device),
         targets=targets.to(device),
         mask=mask.to(device),
         behaviour=behaviour.to(device),
@@ -113,17 +120,22 @@ def autocast(module: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
 
 
 def completion_logits(module: torch.nn.Module, packed: Packed) -> torch.Tensor:
-    """``[rows, completion, vocab]``: the logits that predict each completion token, and no others."""
-    width = packed.targets.shape[1]
+    """``[tokens, vocab]``: the logits that predict each real completion token (row by row), no others."""
     with autocast(module):
         out = module(
             input_ids=packed.input_ids,
             attention_mask=packed.attention_mask,
             position_ids=packed.position_ids,
             use_cache=False,
-            logits_to_keep=width + 1,  # positions start − 1 … start + width − 1; the last predicts nothing
+            logits_to_keep=packed.keep,
         )
-    logits: torch.Tensor = out.logits[:, :width, :]
+    logits: torch.Tensor = out.logits
+    tokens = int(packed.keep.sum())
+    if logits.dim() != 2 or logits.shape[0] != tokens:
+        raise RuntimeError(
+            f"{type(module).__name__} ignored a boolean logits_to_keep (logits {tuple(logits.shape)}, expected "
+            f"({tokens}, vocab)); the trainer needs a transformers causal LM that supports it (transformers ≥ 5)"
+        )
     return logits
 
 
@@ -131,16 +143,20 @@ def completion_logprobs(module: torch.nn.Module, packed: Packed, temperature: fl
     """``[rows, completion]`` log-probs of the completion tokens under ``module`` (one forward pass).
 
     ``module`` is a causal LM (or a peft / DDP wrapper around one) that takes ``logits_to_keep`` and whose
-    output has ``.logits``. Gradients flow unless the caller disables them. Values on padding are well
-    defined but meaningless.
+    output has ``.logits``. Gradients flow unless the caller disables them. Values on padding are 0.
     """
-    return shared_logprobs.token_logprobs(completion_logits(module, packed), packed.targets, temperature)
+    mask = packed.mask.bool()
+    values = shared_logprobs.token_logprobs(
+        completion_logits(module, packed), packed.targets[mask], temperature
+    )
+    return torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(mask, values)
 
 
 def full_logits_logprobs(module: torch.nn.Module, packed: Packed, temperature: float) -> torch.Tensor:
     """The same log-probs the naive way: every position's logits, a gathered window, one log-softmax.
 
-    What the trainer did before the selective form; ``benchmarks/memory.py`` and the tests compare the two.
+    What the trainer did before the selective form (the same gather and float32 log-softmax);
+    ``benchmarks/memory.py`` and the tests compare the two.
     """
     with autocast(module):
         logits = module(
@@ -150,8 +166,11 @@ def full_logits_logprobs(module: torch.nn.Module, packed: Packed, temperature: f
             use_cache=False,
         ).logits
     width = packed.targets.shape[1]
-    window = logits[:, packed.start - 1 : packed.start - 1 + width, :]
-    return shared_logprobs.full_logprobs(window, packed.targets, temperature)
+    positions = torch.arange(packed.start - 1, packed.start - 1 + width, device=logits.device)
+    index = positions.expand(logits.shape[0], -1).unsqueeze(-1).expand(-1, -1, logits.shape[-1])
+    window = logits.gather(1, index)
+    values = shared_logprobs.full_logprobs(window, packed.targets, temperature)
+    return values * packed.mask
 
 
 class TrainablePolicy:

@@ -40,6 +40,8 @@ def test_pack_aligns_every_completion_at_one_column() -> None:
         assert packed.position_ids[i, 9 - p : 9 + c].tolist() == list(range(p + c))
         assert packed.targets[i, :c].tolist() == list(r.completion_ids)
         assert packed.mask[i].tolist() == [1.0] * c + [0.0] * (7 - c)
+        # the logits asked for: exactly the positions that predict this row's completion tokens
+        assert packed.keep[i].nonzero().flatten().tolist() == list(range(9 - 1, 9 - 1 + c))
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
