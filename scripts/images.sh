@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds Echo's container images for real, with podman, without any image registry:
 #
-#   scripts/images.sh                  build what is missing; print the JSON image list's path (last line)
+#   scripts/images.sh                  build what is missing, load it into the test cluster's containerd
+#                                      image store; print the JSON image list's path (last line)
 #   scripts/images.sh import SOCKET LIST   copy the images of LIST that containerd (at SOCKET) lacks into it
 #
 # 1. a base image made from Debian packages: debootstrap (minbase + python3, python3-venv,
@@ -10,7 +11,10 @@
 # 3. images/{operator,worker-cpu,trainer}.Dockerfile and the test images in tests/e2e/images/, built
 #    with BASE=<that base> and PIP_INDEX_URL=http://127.0.0.1:3141/simple, a package index over the
 #    wheelhouse (scripts/pyindex.py). Builds run inside a network namespace of their own that has
-#    nothing but loopback: they reach that index and nothing else.
+#    nothing but loopback: they reach that index and nothing else;
+# 4. the images the test cluster's containerd image store (~/.cache/echorl/cluster/containerd) lacks
+#    are imported into it by a containerd of its own, started just for that (no CRI, no network), so
+#    that the cluster starts without importing; skipped while a cluster holds that store.
 #
 # Everything is cached under $ECHORL_E2E_CACHE/images (default ~/.cache/echorl/images), keyed by
 # content: the base by its recipe, the wheelhouse by pyproject.toml, each image by its Dockerfile,
@@ -76,10 +80,8 @@ if [ "${1:-}" = import ]; then
     grep -qxF "$ref" <<<"$have" && continue
     log "importing $ref into containerd"
     start=$SECONDS
-    rm -f "$TMPDIR/import.tar"
-    pm save --format oci-archive -o "$TMPDIR/import.tar" "$ref" >&2
-    c images import --index-name "$ref" "$TMPDIR/import.tar" >&2
-    rm -f "$TMPDIR/import.tar"
+    # Streamed: a docker-archive is written layer by layer, so no copy of the image lands on disk.
+    pm save --format docker-archive "$ref" | c images import - >&2
     # Unpacked layers live on as snapshots: let containerd's garbage collector drop the layer
     # blobs (as its CRI plugin's discard_unpacked_layers does), halving the disk an image takes.
     for manifest in $(python3 "$REPO/scripts/images-manifests.py" "$sock" "$ref"); do
@@ -227,5 +229,31 @@ list="$CACHE/lists/$(for n in "${!built[@]}"; do echo "$n ${built[$n]}"; done | 
   echo "}"
 } >"$list.tmp"
 mv "$list.tmp" "$list"
+
+# --- 4. into the test cluster's image store ---------------------------------------------------
+store="${ECHORL_E2E_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/echorl}/cluster/containerd"
+mkdir -p "$store"
+exec 8>"$store/.lock"
+if flock -n 8; then
+  run="/run/echorl-images-$$"
+  mkdir -p "$run"
+  printf '%s\n' 'version = 2' "root = \"$store\"" "state = \"$run/state\"" \
+    'disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs", "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]' \
+    '[grpc]' "  address = \"$run/containerd.sock\"" >"$run/config.toml"
+  containerd --config "$run/config.toml" --log-level warn >"$TMPDIR/containerd-import.log" 2>&1 &
+  containerd_pid=$!
+  for _ in $(seq 100); do ctr --address "$run/containerd.sock" version >/dev/null 2>&1 && break; sleep 0.2; done
+  status=0
+  "$REPO/scripts/images.sh" import "$run/containerd.sock" "$list" || status=$?
+  kill "$containerd_pid" 2>/dev/null || true
+  wait "$containerd_pid" 2>/dev/null || true
+  rm -rf "$run"
+  [ "$status" = 0 ] || exit "$status"
+  flock -u 8
+else
+  log "a test cluster holds $store: it imports the images itself when it starts"
+fi
+exec 8>&-
+
 log "ready: $list"
 echo "$list"

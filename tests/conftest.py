@@ -56,6 +56,7 @@ E2E_FIXTURES = frozenset({"kube_cluster", "e2e_images"})
 
 _testbin: Path | procs.ServiceError | None = None
 _images: Path | procs.ServiceError | None = None
+_images_build: test_cluster.ImagesBuild | None = None
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -109,24 +110,34 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def _build_images(reporter: object | None) -> None:
-    """Build (or find) the e2e images once, before any test runs."""
-    global _images
+    """Start building (or finding) the e2e images, in the background, before any test runs.
+
+    The e2e tier runs last, so a cold build (many minutes, mostly disk) overlaps the other tiers;
+    the ``e2e_images`` fixture waits for it.
+    """
+    global _images_build
     log_path = test_cluster.cache_root() / "images" / "last-run.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    log_path.write_bytes(b"")
     write = getattr(reporter, "write_line", None)
     if write is not None:
         write(
-            f"echorl: running scripts/images.sh (instant when cached; a first build takes ~15 min; log: {log_path})"
+            f"echorl: scripts/images.sh runs in the background (instant when cached; a first build takes "
+            f"~30 min; log: {log_path})"
         )
-    start = time.monotonic()
     os.environ.setdefault("ECHORL_TESTBIN_DIR", str(_testbin))
-    try:
-        _images = test_cluster.build_images(log_path)
-    except procs.ServiceError as exc:
-        _images = exc
-    if write is not None and isinstance(_images, Path):
-        write(f"echorl: images listed in {_images} ({time.monotonic() - start:.1f} s)")
+    _images_build = test_cluster.ImagesBuild.start(log_path)
+
+
+def _wait_images() -> Path | procs.ServiceError:
+    global _images
+    if _images is None:
+        if _images_build is None:
+            _build_images(None)
+        assert _images_build is not None
+        try:
+            _images = _images_build.wait()
+        except procs.ServiceError as exc:
+            _images = exc
+    return _images
 
 
 # ---------------------------------------------------------------------------------------------
@@ -199,13 +210,10 @@ def kube_namespace(kube_apiserver: KubeApiServer, request: pytest.FixtureRequest
 @pytest.fixture(scope="session")
 def e2e_images(testbin_dir: Path) -> Path:
     """The JSON list of images ``scripts/images.sh`` built (name → reference)."""
-    global _images
-    if _images is None:
-        _build_images(None)
-    if isinstance(_images, procs.ServiceError):
-        pytest.fail(f"e2e images unavailable:\n{_images}", pytrace=False)
-    assert _images is not None
-    return _images
+    images = _wait_images()
+    if isinstance(images, procs.ServiceError):
+        pytest.fail(f"e2e images unavailable:\n{images}", pytrace=False)
+    return images
 
 
 @pytest.fixture(scope="session")

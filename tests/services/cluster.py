@@ -474,19 +474,40 @@ def _pid_alive(pid: int) -> bool:
 # Starting
 
 
-def build_images(log_path: Path | None = None) -> Path:
+@dataclasses.dataclass
+class ImagesBuild:
+    """``scripts/images.sh`` running in the background; :meth:`wait` returns the image list it wrote."""
+
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    @classmethod
+    def start(cls, log_path: Path) -> ImagesBuild:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("wb") as err:
+            proc = subprocess.Popen(
+                ["bash", str(IMAGES_SCRIPT)],
+                cwd=REPO_ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=err,
+            )
+        return cls(proc, log_path)
+
+    def wait(self) -> Path:
+        out, _ = self.proc.communicate()
+        lines = out.decode().strip().splitlines()
+        if self.proc.returncode != 0 or not lines:
+            raise ServiceError(
+                f"scripts/images.sh failed ({self.proc.returncode}) (log: {self.log_path}):\n"
+                f"{log_tail(self.log_path, max_lines=40)}"
+            )
+        return Path(lines[-1])
+
+
+def build_images(log_path: Path) -> Path:
     """Run ``scripts/images.sh`` (instant when cached); return the path of the image list it wrote."""
-    with log_path.open("ab") if log_path else open(os.devnull, "wb") as err:
-        proc = subprocess.run(
-            ["bash", str(IMAGES_SCRIPT)], cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=err, check=False
-        )
-    lines = proc.stdout.decode().strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        tail = log_tail(log_path, max_lines=40) if log_path else ""
-        raise ServiceError(
-            f"scripts/images.sh failed ({proc.returncode}){f' (log: {log_path})' if log_path else ''}:\n{tail}"
-        )
-    return Path(lines[-1])
+    return ImagesBuild.start(log_path).wait()
 
 
 def _require_root() -> None:
@@ -793,7 +814,7 @@ def _serve(name: str) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
         bin_dir = procs.run_testbin(log_path=state / "testbin.log")
-        image_list = build_images(state / "images.log")
+        image_list = build_images(state / "images.log")  # in the foreground: nothing else to overlap
         cluster = start_cluster(bin_dir, state / "cluster", image_list)
     except Exception as exc:
         _write(state / "failed.txt", str(exc))
