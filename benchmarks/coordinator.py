@@ -500,6 +500,8 @@ def start_coordinator(job: Path, tokens: Path, port: int, env: dict[str, str]) -
         str(tokens),
         "--vocab-size",
         str(VOCAB),
+        "--tokenizer",
+        "none",  # the simulated workers send synthetic token ids
         "--no-store",
         "--port",
         str(port),

@@ -10,7 +10,9 @@ rollouts, so the group's staleness is the largest of its rollouts'. ``maxStalene
 
 :func:`admit` is the only place this rule lives. The coordinator calls it when a group arrives, when a
 new version is announced and when it assembles a batch; the trainer calls it again on every group it
-receives; the property tests call it as the oracle. Promises:
+receives; the property tests call it as the oracle. :func:`lease_floor` is the same rule read forwards:
+the coordinator's *pacing* (lease only what can still be consumed in bound), shared with the simulator.
+Promises:
 
 * ``admit(v, t, p).consume`` implies ``0 <= t - v <= p.bound <= p.max_staleness``: nothing consumed ever
   has staleness above Δmax, in either mode and with either stale action. The bound is absolute.
@@ -135,3 +137,40 @@ def admit(group_version: int, t_train: int, policy: StalenessPolicy) -> Admissio
             True, staleness, True, "weighted", f"staleness {staleness} ≤ {bound}: importance-weighted"
         )
     return Admission(True, staleness, False, "fresh", f"staleness {staleness} ≤ {bound}")
+
+
+def consuming_step(next_step: int, position: int, batch_size: int) -> int:
+    """The latest step that consumes the group at 0-based ``position`` of the consumption order.
+
+    ``next_step`` is the step whose batch has not been taken yet (``t`` while the trainer waits for the
+    batch of ``t``, ``t + 1`` once it took it and trains). Every step takes exactly ``batch_size`` groups,
+    oldest version first, so the groups at positions ``k·B .. (k+1)·B − 1`` go to step ``next_step + k`` —
+    or earlier, if groups ahead of them are dropped."""
+    if batch_size < 1:
+        raise ValueError(f"batchSize: must be ≥ 1, got {batch_size}")
+    if position < 0:
+        raise ValueError(f"position: must be ≥ 0, got {position}")
+    return next_step + position // batch_size
+
+
+def lease_floor(next_step: int, position: int, batch_size: int, policy: StalenessPolicy) -> int:
+    """Pacing: the oldest policy version a group leased now may be generated with and still be consumed
+    within the bound, if it is the ``position``-th group not yet consumed (0-based: the groups buffered
+    and in flight come first).
+
+    The coordinator tags each leased task with this floor as its ``minVersion`` (the worker loads a newer
+    snapshot first if it holds an older one) and leases nothing whose floor no published version reaches,
+    so generation runs at most ``(bound + 1) · batchSize`` groups ahead of the trainer instead of
+    producing groups that are born too stale. Promise: a group of version ``v ≥ lease_floor(...)`` that is
+    consumed no later than :func:`consuming_step` passes :func:`admit` there."""
+    return policy.min_version(consuming_step(next_step, position, batch_size))
+
+
+def lease_room(next_step: int, ahead: int, batch_size: int, policy: StalenessPolicy, published: int) -> int:
+    """Pacing: how many more groups may be leased now, behind the ``ahead`` groups buffered and in
+    flight, so that each can still be consumed in bound when generated with the newest ``published``
+    version — the positions whose :func:`lease_floor` is at most ``published``."""
+    last_step = published + policy.bound  # the latest step that may consume a group of ``published``
+    if last_step < next_step:
+        return 0
+    return max(0, (last_step - next_step + 1) * batch_size - ahead)

@@ -54,6 +54,34 @@ from echo_runtime import spec
     help="Seconds after which a lease is re-issued even if its worker is alive.",
 )
 @click.option(
+    "--tokenizer",
+    default=None,
+    help="Model (directory or name) whose tokenizer the rollouts' token ids must decode with (default: the "
+    "job's model). 'none' turns the check off: only for load tests that submit synthetic token ids.",
+)
+@click.option(
+    "--score-timeout",
+    type=click.FloatRange(min=0.01),
+    default=10.0,
+    show_default=True,
+    help="Seconds of verifier time per rollout; a rollout past it scores 0 (counted as verifierTimeouts).",
+)
+@click.option(
+    "--verifier-processes",
+    type=click.IntRange(1, 256),
+    default=1,
+    show_default=True,
+    help="Processes that re-score rollouts, off the event loop.",
+)
+@click.option(
+    "--pacing/--no-pacing",
+    default=True,
+    show_default=True,
+    envvar="ECHORL_PACING",
+    help="Lease only what can be consumed within Δmax (default). --no-pacing exists to measure what pacing "
+    "saves: fast workers then generate groups that are dropped as too stale.",
+)
+@click.option(
     "--no-store",
     is_flag=True,
     help="Start at t_train 0 without reading the snapshot store (tests, benchmarks).",
@@ -69,6 +97,10 @@ def coordinator(
     lease_timeout: float,
     heartbeat_interval: float,
     task_timeout: float,
+    tokenizer: str | None,
+    score_timeout: float,
+    verifier_processes: int,
+    pacing: bool,
     no_store: bool,
     log_level: str,
 ) -> None:
@@ -85,14 +117,19 @@ def coordinator(
         tokens = auth.TokenStore.load(tokens_file)
         store = None if no_store else service.open_store(job)
         vocab = vocab_size if vocab_size is not None else service.model_vocab_size(job)
+        detokenizer = None if tokenizer == "none" else service.load_detokenizer(job, tokenizer)
         svc = service.build(
             job,
             tokens,
             vocab_size=vocab,
             store=store,
+            detokenizer=detokenizer,
             lease_timeout=lease_timeout,
             heartbeat_interval=heartbeat_interval,
             task_timeout=task_timeout,
+            score_timeout=score_timeout,
+            verifier_processes=verifier_processes,
+            pacing=pacing,
         )
     except (spec.ManifestError, auth.TokenError, service.SetupError) as exc:
         raise click.ClickException(str(exc)) from exc

@@ -9,6 +9,7 @@ Endpoints (all JSON; the schema is served at ``/openapi.json``, docs at ``/docs`
     DELETE /v1/workers/{workerId}                          leave; leases re-issued   -> LeaveReply
     POST   /v1/trainer/version                             announce a published version -> AnnounceReply
     POST   /v1/trainer/batches                             pull a batch (long-poll)  -> BatchReply
+    POST   /v1/trainer/quarantine                          quarantine a worker       -> QuarantineReply
     GET    /v1/status                                      the status document (any join token)
     GET    /healthz                                        liveness (no token)
     GET    /metrics                                        Prometheus (no token)
@@ -18,8 +19,9 @@ its body is checked against the token); bodies are size-bounded (413) before the
 every rejection is a 4xx :class:`~.wire.ErrorReply` naming the field, counted in ``/metrics``, and
 changes nothing. Handlers never ``await`` between reading and changing the state, so each request is
 atomic on the one event loop; the only waits are the batch and lease long-polls, which re-read the
-state after waking. An unexpected error is logged and answered 500 (handlers validate and score before they
-change anything, so a failing verifier leaves the state as it was).
+state after waking, and the re-scoring of a submission, which runs off the loop (:mod:`.scoring`)
+between the state's ``prepare_submit`` and ``commit_submit`` — the second checks the lease again. An
+unexpected error is logged and answered 500; nothing changes before a submission is validated and scored.
 
 Each endpoint is one ``handle_*`` coroutine taking an :class:`Incoming` request. FastAPI routes call
 them and give the schema; :class:`FastPath`, the ASGI app actually served, sends the three requests
@@ -45,7 +47,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from echo_runtime.coordinator import auth, config, metrics, state, wire
+from echo_runtime.coordinator import auth, config, metrics, scoring, state, wire
 
 log = logging.getLogger("echorl.coordinator")
 M = TypeVar("M", bound=wire.WireModel)
@@ -66,6 +68,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (409, "Conflict: the lease is not held, or a version goes backwards."),
         (413, "Body too large."),
         (422, "Invalid body or parameter; `error.field` names it."),
+        (429, "A limit of the pool (`maxWorkers`) is reached: try again later."),
     ]
 }
 _REQUEST_MODELS: tuple[type[pydantic.BaseModel], ...] = (
@@ -75,6 +78,7 @@ _REQUEST_MODELS: tuple[type[pydantic.BaseModel], ...] = (
     wire.SubmitRequest,
     wire.AnnounceRequest,
     wire.BatchRequest,
+    wire.QuarantineRequest,
 )
 
 
@@ -105,6 +109,7 @@ class Service:
         coordinator: state.CoordinatorState,
         tokens: auth.TokenStore,
         *,
+        scorer: scoring.Scorer | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         expire_interval: float = 1.0,
@@ -112,6 +117,8 @@ class Service:
     ) -> None:
         self.state = coordinator
         self.tokens = tokens
+        self.scorer = scorer if scorer is not None else scoring.InlineScorer(coordinator.task)
+        """Re-scores submissions off the event loop (the default scores inline: tests with task objects)."""
         self.clock = clock
         self.wall_clock = wall_clock
         self.expire_interval = expire_interval
@@ -151,11 +158,14 @@ class Service:
         """Expire silent workers and overdue leases every ``expire_interval`` seconds, for ever."""
         while True:
             await asyncio.sleep(self.expire_interval)
+            caught = len(self.state.quarantined)
             try:
                 dead, released = self.state.expire(self.clock())
             except Exception:  # a bug here must not stop expiry for the rest of the run
                 log.exception("lease expiry failed; trying again in %.1f s", self.expire_interval)
                 continue
+            for record in list(self.state.quarantined.values())[caught:]:
+                log.warning("worker %s (pool %s) quarantined: %s", record.worker_id, record.pool, record.reason)
             if dead or released:
                 self.notify_work()
                 log.info(
@@ -245,7 +255,7 @@ async def handle_lease(svc: Service, incoming: Incoming, worker_id: str) -> wire
     loop = asyncio.get_running_loop()
     deadline = loop.time() + req.wait_seconds
     while True:
-        reply = svc.state.lease(worker_id, req.max_tasks, svc.clock())
+        reply = svc.state.lease(worker_id, req.max_tasks, svc.clock(), req.loaded_version)
         remaining = deadline - loop.time()
         if reply.tasks or remaining <= 0 or await incoming.disconnected():
             return reply
@@ -257,8 +267,16 @@ async def handle_submit(svc: Service, incoming: Incoming, worker_id: str, task_i
     if len(task_id) > MAX_ID_CHARS:
         raise state.Rejected(422, "invalid", "taskId", f"at most {MAX_ID_CHARS} characters")
     req = await parse(incoming, wire.SubmitRequest, svc.submit_limit)
-    reply = svc.state.submit(worker_id, task_id, req, svc.clock())
+    prepared = svc.state.prepare_submit(worker_id, task_id, req, svc.clock())
+    if isinstance(prepared, wire.SubmitReply):
+        return prepared  # a repeat of an accepted submission
+    scores = await svc.scorer.score(prepared.problem, [r.completion for r in req.rollouts])
+    reply = svc.state.commit_submit(
+        prepared, scores.rewards, svc.clock(), timeouts=scores.timeouts, errors=scores.errors
+    )
     svc.notify_batch()
+    if reply.outcome == "dropped":
+        svc.notify_work()  # its prompt is back in the queue
     return reply
 
 
@@ -274,6 +292,15 @@ async def handle_announce(svc: Service, incoming: Incoming) -> wire.AnnounceRepl
     req = await parse(incoming, wire.AnnounceRequest, SMALL_BODY)
     reply = svc.state.announce(req.version)
     svc.notify_work()
+    return reply
+
+
+async def handle_quarantine(svc: Service, incoming: Incoming) -> wire.QuarantineReply:
+    svc.require_trainer(incoming)
+    req = await parse(incoming, wire.QuarantineRequest, SMALL_BODY)
+    reply = svc.state.quarantine(req)
+    log.warning("worker %s quarantined at version %d: %s", req.worker_id, req.version, req.reason)
+    svc.notify_work()  # its leases and its groups' prompts are back in the queue
     return reply
 
 
@@ -360,6 +387,7 @@ def create_fastapi(svc: Service) -> FastAPI:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            svc.scorer.close()
 
     app = FastAPI(
         title="Echo coordinator",
@@ -472,6 +500,18 @@ def create_fastapi(svc: Service) -> FastAPI:
         Not ready: ``ready: false`` with ``retryAfterSeconds``. Asking again at the version of the last
         batch returns the same batch (safe retries)."""
         return _json(await handle_batch(svc, _StarletteIncoming(request)))
+
+    @route(
+        "POST",
+        "/v1/trainer/quarantine",
+        wire.QuarantineReply,
+        {**_body_schema(wire.QuarantineRequest), **_security("joinToken")},
+        tag="trainer",
+    )
+    async def quarantine(request: Request) -> Response:
+        """The trainer caught a worker whose behaviour log-probs disagree with its recomputation: the
+        worker is refused from now on, its buffered groups are dropped and their prompts re-queued."""
+        return _json(await handle_quarantine(svc, _StarletteIncoming(request)))
 
     @route("GET", "/v1/status", wire.StatusDocument, _security("joinToken"), tag="status")
     async def status(request: Request) -> Response:

@@ -7,12 +7,18 @@ exactly one of five places::
        ▲                 │                      │
        └──expire/release─┘                      └──drop──▶ dropped (counted)
 
+A dropped group's *prompt* is not lost: the caller puts it back at the front of the pending queue as a
+new task (:meth:`TaskLedger.add` with ``front=True``), so every prompt drawn ends up consumed.
+
 Invariants (checked by :meth:`TaskLedger.check` and by the property tests):
 
 * conservation: ``created == pending + leased + buffered + consumed + dropped``: nothing is silently
   lost; a lease that expires puts its task back at the *front* of the pending queue, to be re-leased;
 * a task is leased to at most one worker, and only that worker can complete it;
 * a task leaves ``buffered`` once, so no group is delivered twice;
+* :meth:`take` hands out the groups of the oldest policy version first (earliest deadline first: a
+  group of version ``v`` can be consumed until step ``v + bound``), ties in lease order, so a fresh group
+  never overtakes one that would otherwise go stale;
 * ``outstanding = pending + leased + buffered`` is what the capacity bounds: :meth:`room` is how many
   *new* tasks may be created, so when the buffer is full no work is handed out that would be thrown
   away (backpressure).
@@ -53,6 +59,8 @@ class Entry(Generic[P, G]):
     """When the lease expires even if its worker is alive."""
     leases: int = 0
     """How many times the task was leased (1 + re-issues)."""
+    lease_seq: int = 0
+    """Order of the task's latest lease among all leases (ties in :meth:`TaskLedger.take`)."""
     group: G | None = None
     version: int | None = None
     """The group's policy version (the oldest of its rollouts) once buffered."""
@@ -74,6 +82,7 @@ class TaskLedger(Generic[P, G]):
         self.consumed = 0
         self.dropped = 0
         self.reissued = 0
+        self._lease_seq = 0
 
     # ------------------------------------------------------------------ views
     @property
@@ -119,13 +128,21 @@ class TaskLedger(Generic[P, G]):
         """Buffered groups, oldest completion first."""
         return iter(list(self._buffered.values()))
 
+    def outstanding_entries(self) -> Iterator[Entry[P, G]]:
+        """Every task not yet consumed or dropped: pending (queue order), leased, buffered."""
+        return iter([*self._pending, *self._leased.values(), *self._buffered.values()])
+
     # ------------------------------------------------------------------ transitions
-    def add(self, task_id: str, payload: P) -> Entry[P, G]:
-        """Create a task at the back of the pending queue."""
+    def add(self, task_id: str, payload: P, *, front: bool = False) -> Entry[P, G]:
+        """Create a task at the back of the pending queue (at the front with ``front``: a prompt whose
+        group was dropped goes out again before any new one)."""
         if task_id in self._ids or task_id in self._finished:
             raise ValueError(f"task id {task_id!r} already used")
         entry: Entry[P, G] = Entry(task_id, payload)
-        self._pending.append(entry)
+        if front:
+            self._pending.appendleft(entry)
+        else:
+            self._pending.append(entry)
         self._ids.add(task_id)
         self.created += 1
         return entry
@@ -137,6 +154,8 @@ class TaskLedger(Generic[P, G]):
             entry = self._pending.popleft()
             entry.place, entry.worker, entry.leased_at, entry.deadline = "leased", worker, now, deadline
             entry.leases += 1
+            self._lease_seq += 1
+            entry.lease_seq = self._lease_seq
             self._leased[entry.id] = entry
             self._by_worker[worker].add(entry.id)
             out.append(entry)
@@ -160,6 +179,10 @@ class TaskLedger(Generic[P, G]):
         self._unlease(entry)
         self._finish(entry, "dropped")
         return entry
+
+    def overdue(self, now: float) -> list[tuple[str, str]]:
+        """``(task id, worker)`` of every lease past its deadline (what :meth:`expire` would return)."""
+        return [(e.id, e.worker) for e in self._leased.values() if e.deadline <= now and e.worker is not None]
 
     def expire(self, now: float, dead_workers: set[str] | frozenset[str] = frozenset()) -> list[Entry[P, G]]:
         """Return to the pending queue every lease past its deadline or held by a dead worker."""
@@ -186,11 +209,12 @@ class TaskLedger(Generic[P, G]):
         return doomed
 
     def take(self, count: int) -> list[Entry[P, G]]:
-        """Consume the ``count`` oldest buffered groups (all or nothing)."""
+        """Consume ``count`` buffered groups (all or nothing): the oldest policy versions first, ties in
+        lease order."""
         if count > len(self._buffered):
             raise ValueError(f"asked for {count} groups, {len(self._buffered)} buffered")
-        ids = list(self._buffered)[:count]
-        taken = [self._buffered.pop(i) for i in ids]
+        order = sorted(self._buffered.values(), key=lambda e: (e.version or 0, e.lease_seq))
+        taken = [self._buffered.pop(e.id) for e in order[:count]]
         for entry in taken:
             self._finish(entry, "consumed")
         return taken

@@ -8,8 +8,9 @@ that retries what is safe to retry and fails fast on what is not:
   :attr:`RetryPolicy.attempts` or :attr:`RetryPolicy.deadline` runs out, then :class:`Unavailable`;
   a restarting coordinator is therefore waited for, not reported;
 * 4xx are never retried: each raises a subclass of :class:`CoordinatorError` with the coordinator's
-  ``field`` and ``message`` (:class:`Unauthorized`, :class:`UnknownWorker`, :class:`LeaseLost`,
-  :class:`Invalid`, :class:`Conflict`).
+  ``field`` and ``message`` (:class:`Unauthorized` — also a quarantined worker, code ``quarantined``
+  — :class:`UnknownWorker`, :class:`LeaseLost`, :class:`Invalid`, :class:`Conflict`). A pool that is
+  full (``maxWorkers``, 429) is therefore waited for like a restarting coordinator.
 
 Every call is safe to retry on the server side: a repeated submission is answered ``duplicate``, a
 repeated announcement is a no-op, a repeated batch request at the same version returns the same batch.
@@ -31,7 +32,6 @@ import httpx
 import pydantic
 
 from echo_runtime import staleness
-
 from echo_runtime.coordinator import wire
 
 M = TypeVar("M", bound=pydantic.BaseModel)
@@ -79,8 +79,9 @@ class StalenessViolation(AssertionError):
 
 @dataclasses.dataclass(frozen=True)
 class RetryPolicy:
-    attempts: int = 10
-    """Tries in total (1 = no retry)."""
+    attempts: int = 100
+    """Tries in total (1 = no retry). The default leaves ``deadline`` in charge: a coordinator restarting
+    on a busy machine (imports, tokenizer) can take half a minute, which ten tries would not wait out."""
     base: float = 0.2
     """First backoff ceiling, seconds."""
     cap: float = 10.0
@@ -264,10 +265,13 @@ class WorkerClient:
             )
         )
 
-    def lease(self, max_tasks: int = 1, wait: float = 0.0) -> wire.LeaseReply:
+    def lease(
+        self, max_tasks: int = 1, wait: float = 0.0, loaded_version: int | None = None
+    ) -> wire.LeaseReply:
         """Lease up to ``max_tasks`` tasks, long-polling up to ``wait`` seconds while there are none;
-        an empty list comes with ``retryAfterSeconds``."""
-        body = wire.LeaseRequest(max_tasks=max_tasks, wait_seconds=wait)
+        an empty list comes with ``retryAfterSeconds``. ``loaded_version`` reports the version the
+        backend holds, as a heartbeat does (rollouts may only claim versions reported so)."""
+        body = wire.LeaseRequest(max_tasks=max_tasks, wait_seconds=wait, loaded_version=loaded_version)
         return self._as_worker(
             lambda wid, h: self._t.call(
                 "POST",
@@ -393,6 +397,13 @@ class TrainerClient:
         return self._t.call(
             "POST", "/v1/trainer/version", wire.AnnounceReply, wire.AnnounceRequest(version=version)
         )
+
+    def quarantine(
+        self, worker_id: str, reason: str, *, version: int, mismatch: float | None = None
+    ) -> wire.QuarantineReply:
+        """Quarantine a worker whose behaviour log-probs disagree with the trainer's recomputation."""
+        body = wire.QuarantineRequest(worker_id=worker_id, reason=reason, version=version, mismatch=mismatch)
+        return self._t.call("POST", "/v1/trainer/quarantine", wire.QuarantineReply, body)
 
     def batch(self, version: int, wait: float = 20.0) -> wire.BatchReply:
         """One long-poll for the batch of step ``version -> version+1`` (``ready`` may be False)."""

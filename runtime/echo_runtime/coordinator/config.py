@@ -32,6 +32,10 @@ class CoordinatorConfig:
     pool_capacity: Mapping[str, int] = dataclasses.field(default_factory=dict)
     """Most leases one worker of a pool may hold (the pool's ``capacity``); a worker asking for more
     gets this many. Pools not listed: no limit beyond the worker's own."""
+    pool_max_workers: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    """Most workers registered with a pool's token at once, quarantined ones included (``maxWorkers``)."""
+    pool_max_leases: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    """Most leases all workers of a pool hold together (``maxLeases``)."""
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 32
@@ -43,6 +47,10 @@ class CoordinatorConfig:
     rate_window: float = 30.0
     """Seconds over which rollouts/s are averaged."""
     seed: int = 0
+    pacing: bool = True
+    """Lease only what can still be consumed within the bound (:func:`echo_runtime.staleness.lease_floor`).
+    Off (``--no-pacing``) only to measure what pacing saves: tasks are then tagged ``t_train − bound``
+    and fast workers generate groups that are dropped."""
 
     def __post_init__(self) -> None:
         if self.buffer_capacity < self.batch_size:
@@ -69,6 +77,7 @@ class CoordinatorConfig:
         lease_timeout: float = 30.0,
         heartbeat_interval: float = 5.0,
         task_timeout: float = 600.0,
+        pacing: bool = True,
     ) -> CoordinatorConfig:
         """The configuration of a resolved EchoJob plus the coordinator's own settings."""
         sync, algo = job.sync_policy, job.spec.algorithm
@@ -87,6 +96,12 @@ class CoordinatorConfig:
             vocab_size=vocab_size,
             pools=tuple(name for name, _ in job.inference_pools),
             pool_capacity={name: pool.capacity for name, pool in job.inference_pools},
+            pool_max_workers={
+                name: pool.max_workers for name, pool in job.inference_pools if pool.max_workers is not None
+            },
+            pool_max_leases={
+                name: pool.max_leases for name, pool in job.inference_pools if pool.max_leases is not None
+            },
             temperature=algo.sampling.temperature,
             top_p=algo.sampling.top_p,
             max_new_tokens=algo.sampling.max_new_tokens,
@@ -94,4 +109,5 @@ class CoordinatorConfig:
             lease_timeout=lease_timeout,
             heartbeat_interval=heartbeat_interval,
             task_timeout=task_timeout,
+            pacing=pacing,
         )

@@ -82,6 +82,24 @@ class StateCollector(Collector):
             "groups_dropped_stale", "Groups dropped because they would break the bound.", s.dropped_stale
         )
         yield counter("groups_weighted_stale", "Groups consumed with importance weights.", s.weighted_stale)
+        yield counter(
+            "groups_generated",
+            "Valid group submissions (buffered or dropped on arrival).",
+            s.generated_groups,
+        )
+        yield counter(
+            "groups_dropped_quarantined", "Groups of quarantined workers dropped.", s.dropped_quarantined
+        )
+        yield counter(
+            "prompts_requeued", "Prompts of dropped groups put back in the queue.", s.requeued_prompts
+        )
+        yield counter(
+            "verifier_timeouts", "Rollouts whose re-scoring timed out (scored 0).", s.verifier_timeouts
+        )
+        yield counter("verifier_errors", "Rollouts whose verifier raised (scored 0).", s.verifier_errors)
+        yield gauge(
+            "pacing", "1 when leases are paced to the staleness bound.", 1.0 if s.config.pacing else 0.0
+        )
         yield counter("rollouts_accepted", "Rollouts accepted into the buffer.", s.accepted_rollouts)
         yield counter("batches", "Batches handed to the trainer.", s.batches)
         yield counter("workers_expired", "Workers forgotten after missing heartbeats.", s.workers_expired)
@@ -95,6 +113,26 @@ class StateCollector(Collector):
         for pool in sorted(set(s.config.pools) | set(per_pool)):
             workers.add_metric([job, pool], per_pool[pool])
         yield workers
+
+        quarantined = CounterMetricFamily(
+            _PREFIX + "workers_quarantined",
+            "Workers the trainer quarantined (behaviour log-probs disagree), per pool.",
+            labels=["job", "pool"],
+        )
+        caught = collections.Counter(q.pool for q in s.quarantined.values())
+        for pool in sorted(set(s.config.pools) | set(caught)):
+            quarantined.add_metric([job, pool], caught[pool])
+        yield quarantined
+
+        untrusted = CounterMetricFamily(
+            _PREFIX + "rollouts_rejected",
+            "Group submissions refused by a trust check, per pool and reason.",
+            labels=["job", "pool", "reason"],
+        )
+        for pool in s.config.pools:
+            for reason, n in s.rejected.of(pool).items():
+                untrusted.add_metric([job, pool, reason], n)
+        yield untrusted
 
         hist = HistogramMetricFamily(
             _PREFIX + "staleness", "Staleness of consumed groups (t_train - policy version).", labels=["job"]

@@ -16,11 +16,12 @@ import gc
 import importlib
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import uvicorn
 
-from echo_runtime.coordinator import api, auth, config, state
+from echo_runtime.coordinator import api, auth, config, scoring, state, trust
 from echo_runtime.spec import ResolvedJob
 from echo_runtime.tasks import base as tasks_base
 
@@ -74,6 +75,28 @@ def model_vocab_size(job: ResolvedJob) -> int:
         ) from exc
 
 
+def load_detokenizer(job: ResolvedJob, model: str | None = None) -> trust.Detokenizer:
+    """The job's tokenizer (or ``model``'s) as the token-id check needs it: decoding exactly as every
+    backend does (:func:`echo_runtime.backends.sampling.finish`), and the model's end-of-sequence ids."""
+    try:
+        models_load = importlib.import_module("echo_runtime.models.load")
+        sampling = importlib.import_module("echo_runtime.backends.sampling")
+        path = model if model is not None else models_load.resolve_spec(job.spec.model, job.spec.task)
+        tokenizer = models_load.load_tokenizer(path)
+        eos = sampling.eos_token_ids(models_load.resolve_model(path), tokenizer)
+    except Exception as exc:
+        raise SetupError(
+            f"cannot load the tokenizer of model {model or job.spec.model.path!r} to check rollouts' token "
+            f"ids ({exc}); pass --tokenizer with a model directory"
+        ) from exc
+
+    def decode(ids: Sequence[int]) -> str:
+        text: str = tokenizer.decode(list(ids), skip_special_tokens=False)
+        return text
+
+    return trust.Detokenizer(decode=decode, eos_ids=frozenset(eos))
+
+
 def build(
     job: ResolvedJob,
     tokens: auth.TokenStore,
@@ -81,11 +104,19 @@ def build(
     vocab_size: int,
     store: VersionSource | None,
     task: tasks_base.Task | None = None,
+    detokenizer: trust.Detokenizer | None = None,
     lease_timeout: float = 30.0,
     heartbeat_interval: float = 5.0,
     task_timeout: float = 600.0,
+    score_timeout: float = scoring.DEFAULT_TIMEOUT_S,
+    verifier_processes: int = 1,
+    pacing: bool = True,
 ) -> api.Service:
-    """A ready-to-serve coordinator for ``job`` (``t_train`` recovered from ``store``)."""
+    """A ready-to-serve coordinator for ``job`` (``t_train`` recovered from ``store``).
+
+    With ``task`` given as an object, rollouts are scored in the event loop's thread (tests); otherwise
+    the task is built from the spec here and, by name again, in ``verifier_processes`` scoring processes.
+    ``detokenizer`` None skips the token-id check (load tests with synthetic ids only)."""
     missing = tokens.missing_pools(name for name, _ in job.inference_pools)
     if missing:
         raise SetupError(f"tokens: no join token for pool(s) {', '.join(missing)}")
@@ -96,9 +127,11 @@ def build(
             lease_timeout=lease_timeout,
             heartbeat_interval=heartbeat_interval,
             task_timeout=task_timeout,
+            pacing=pacing,
         )
     except ValueError as exc:
         raise SetupError(str(exc)) from exc
+    scorer: scoring.Scorer
     if task is None:
         from echo_runtime import tasks
 
@@ -106,17 +139,24 @@ def build(
             task = tasks.from_spec(job.spec.task)
         except ValueError as exc:
             raise SetupError(f"spec.task: {exc}") from exc
+        scorer = scoring.ProcessScorer(job.spec.task, processes=verifier_processes, timeout_s=score_timeout)
+    else:
+        scorer = scoring.InlineScorer(task, score_timeout)
     t_train = recover_version(store)
-    coordinator = state.CoordinatorState(settings, task, now=time.monotonic(), t_train=t_train)
+    coordinator = state.CoordinatorState(
+        settings, task, now=time.monotonic(), t_train=t_train, detokenizer=detokenizer
+    )
     log.info(
-        "job %s: %s mode, Δmax %d, t_train %d (%s)",
+        "job %s: %s mode, Δmax %d, t_train %d (%s), pacing %s, token-id check %s",
         settings.job,
         settings.policy.mode,
         settings.policy.max_staleness,
         t_train,
         "from the snapshot store" if store is not None else "no store",
+        "on" if settings.pacing else "OFF",
+        "on" if detokenizer is not None else "OFF",
     )
-    return api.Service(coordinator, tokens)
+    return api.Service(coordinator, tokens, scorer=scorer)
 
 
 class _CoalescingTransport:

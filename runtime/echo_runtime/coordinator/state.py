@@ -8,21 +8,31 @@ Protocols (docs/coordinator.md has the whole story):
 
 * ``t_train`` is the trainer's version (the larger of the versions it announced and asked a batch at);
   ``published`` is the newest version it announced as published, the newest a worker can load (0 is
-  the base model). Tasks are tagged ``minVersion = t_train - bound``; a worker whose loaded version is
-  below that is told to load ``published`` (in register, heartbeat and lease replies). ``bound`` is Δmax
-  in Async mode and the refresh threshold in Sequential mode (:mod:`.staleness`).
-* **Async**: leasing is open whenever the ledger has room; the room is the replay-buffer capacity minus
-  pending, leased and buffered tasks, so a full buffer pauses leasing (backpressure). The trainer pulls
-  batches whenever it likes.
+  the base model). ``bound`` is Δmax in Async mode and the refresh threshold in Sequential mode.
+* **Pacing** (:func:`echo_runtime.staleness.lease_floor`): each leased task is tagged with the oldest
+  version its group may be generated with and still be consumed in bound, given its place behind the
+  groups buffered and in flight; a task whose floor no published version reaches is not leased. A
+  worker below the floor of its next task is told to load ``published`` (register, heartbeat and lease
+  replies). So generation runs ahead of the trainer by at most ``(bound + 1) × batchSize`` groups and
+  groups are not born too stale; a group dropped anyway (a slow worker) gives its prompt back to the
+  front of the queue. ``--no-pacing`` (comparisons only) tags every task ``t_train - bound`` instead.
+* **Async**: leasing is open whenever the ledger has room and pacing allows; the room is the
+  replay-buffer capacity minus pending, leased and buffered tasks, so a full buffer pauses leasing
+  (backpressure). The trainer pulls batches whenever it likes; a batch holds the oldest versions first.
 * **Sequential**: leasing opens only while the trainer waits for a batch (a *round* at version t,
   capacity batchSize); the round closes when the batch is handed out.
+* **Trust** (:mod:`.trust`): token ids must decode to the scored text, a claimed policy version must be
+  one the worker reported holding, a pool holds at most ``maxWorkers`` registrations and ``maxLeases``
+  leases, and a worker the trainer quarantines (its behaviour log-probs disagree with the trainer's
+  recomputation) is refused from then on and its buffered groups are dropped, their prompts re-queued.
 
 Invariants (property-tested):
 
 * every group handed to the trainer passes :func:`.staleness.admit` at the trainer's version — so no
   batch holds a rollout with staleness > Δmax;
 * a group is handed out at most once; every task ends consumed, dropped-and-counted, or back in the
-  pending queue to be re-leased (:mod:`.buffer`);
+  pending queue to be re-leased (:mod:`.buffer`); every prompt drawn is consumed or still on its way
+  (a dropped group's prompt is re-queued);
 * a rejected request changes nothing: validation completes before the first mutation;
 * ``t_train`` never decreases.
 """
@@ -31,15 +41,13 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import datetime
 import itertools
 import math
 import secrets
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from echo_runtime import staleness
-
-from echo_runtime.coordinator import buffer, wire
+from echo_runtime.coordinator import buffer, trust, wire
 from echo_runtime.coordinator.config import CoordinatorConfig
 from echo_runtime.tasks import base as tasks_base
 
@@ -98,6 +106,41 @@ class Worker:
     told_version: int | None = None
     told_at: float | None = None
     """When the worker was first told to load ``told_version`` (for ``stuck``)."""
+    known_versions: set[int] = dataclasses.field(default_factory=set)
+    """Every version the coordinator told the worker to load or the worker reported holding (only
+    published ones are accepted): the versions its rollouts may claim."""
+    quarantine: Quarantine | None = None
+    overdue: int = 0
+    """Expiry sweeps that found its leases past the task timeout while it stayed alive, since its last
+    submission."""
+
+
+HOARDING_EXPIRIES = 3
+"""A live worker whose leases run past the task timeout this many times in a row, with no submission
+in between, is quarantined as a lease hoarder (or hung: its pod should be restarted either way)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Quarantine:
+    """Why and when the trainer quarantined a worker (kept for the job's life, also after it expires)."""
+
+    worker_id: str
+    pool: str
+    host: str | None
+    reason: str
+    mismatch: float | None
+    version: int
+    """The trainer version at which the worker was caught."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """A validated submission waiting for its rewards (scoring runs off the event loop)."""
+
+    worker_id: str
+    task_id: str
+    problem: tasks_base.Problem
+    request: wire.SubmitRequest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,31 +179,44 @@ class CoordinatorState:
         now: float,
         t_train: int = 0,
         prompts: Iterator[tasks_base.Problem] | None = None,
+        detokenizer: trust.Detokenizer | None = None,
     ) -> None:
         self.config = config
         self.task = task
+        self.detokenizer = detokenizer
+        """Checks that token ids decode to the scored text; None skips that check (state-machine tests
+        with synthetic ids only: ``echorl coordinator`` always loads the job's tokenizer)."""
         self.t_train = t_train
         """The trainer's version: the larger of the versions it announced and asked batches at."""
         self.published = t_train
         """The newest version announced as published: the newest a worker can load (0: the base model)."""
         self.last_batch: wire.BatchReply | None = None
         """The last batch handed out, returned again if the trainer retries the same version."""
+        self._last_taken: list[buffer.Entry[TaskSpec, Group]] = []
         self._prompts = prompts if prompts is not None else self.default_prompts(task, config, t_train)
         self.epoch = secrets.token_hex(3)
-        """Distinguishes task ids across coordinator restarts."""
+        """Distinguishes task ids (and status counters) across coordinator restarts."""
         self._task_counter = itertools.count(1)
         self.ledger: Ledger = buffer.TaskLedger(0 if self.sequential else config.buffer_capacity)
         self.workers: dict[str, Worker] = {}
+        self.quarantined: dict[str, Quarantine] = {}
         self.round_open = False
         self.staleness_histogram: collections.Counter[int] = collections.Counter()
         self.max_observed_staleness: int | None = None
         self.dropped_stale = 0
+        self.dropped_quarantined = 0
+        self.requeued_prompts = 0
         self.weighted_stale = 0
         self.consumed_groups = 0
+        self.generated_groups = 0
+        """Valid group submissions (buffered or dropped as stale on arrival): what the swarm generated."""
         self.accepted_rollouts = 0
         self.batches = 0
         self.last_reward: float | None = None
         self.workers_expired = 0
+        self.verifier_timeouts = 0
+        self.verifier_errors = 0
+        self.rejected = trust.PoolCounters()
         self.rate = RateWindow(config.rate_window, now)
 
     @staticmethod
@@ -168,7 +224,7 @@ class CoordinatorState:
         task: tasks_base.Task, config: CoordinatorConfig, t_train: int
     ) -> Iterator[tasks_base.Problem]:
         """The train stream, skipped ahead past what ``t_train`` steps consumed (a restart resumes there;
-        exact when no group was dropped)."""
+        dropped groups re-queue their prompts, so at most the groups in flight at the restart are off)."""
         stream = task.prompts("train", config.seed)
         return itertools.islice(stream, t_train * config.batch_size, None)
 
@@ -180,6 +236,19 @@ class CoordinatorState:
     def min_version(self) -> int:
         return self.config.policy.min_version(self.t_train)
 
+    @property
+    def next_step(self) -> int:
+        """The step whose batch is not taken yet: ``t_train``, or ``t_train + 1`` once its batch went out."""
+        taken = self.last_batch is not None and self.last_batch.version == self.t_train
+        return self.t_train + 1 if taken else self.t_train
+
+    def floor(self, position: int) -> int:
+        """The ``minVersion`` of a task leased now at ``position`` (0-based) behind the groups buffered and
+        in flight: pacing's :func:`~echo_runtime.staleness.lease_floor`, or ``t_train − bound`` without it."""
+        if not self.config.pacing:
+            return self.min_version
+        return staleness.lease_floor(self.next_step, position, self.config.batch_size, self.config.policy)
+
     # ------------------------------------------------------------------------------------- workers
     def register(self, req: wire.RegisterRequest, session_hash: bytes, now: float) -> wire.RegisterReply:
         if req.pool not in self.config.pools:
@@ -189,8 +258,20 @@ class CoordinatorState:
                 "pool",
                 f"unknown pool {req.pool!r}; this job's pools: {', '.join(self.config.pools)}",
             )
+        limit = self.config.pool_max_workers.get(req.pool)
+        if limit is not None:
+            members = sum(1 for w in self.workers.values() if w.pool == req.pool and w.quarantine is None)
+            caught = sum(1 for q in self.quarantined.values() if q.pool == req.pool)
+            if members + caught >= limit:
+                raise Rejected(
+                    429,
+                    "limit",
+                    "pool",
+                    f"pool {req.pool!r} is full: maxWorkers is {limit} ({members} registered, {caught} "
+                    "quarantined); try again when a worker leaves",
+                )
         worker_id = f"w-{secrets.token_hex(4)}"
-        while worker_id in self.workers:
+        while worker_id in self.workers or worker_id in self.quarantined:
             worker_id = f"w-{secrets.token_hex(4)}"
         capacity = min(req.capacity, self.config.pool_capacity.get(req.pool, req.capacity))
         worker = Worker(
@@ -232,17 +313,38 @@ class CoordinatorState:
             )
         return worker
 
-    def heartbeat(self, worker_id: str, req: wire.HeartbeatRequest, now: float) -> wire.HeartbeatReply:
+    def active(self, worker_id: str) -> Worker:
+        """:meth:`worker`, refusing (403) a quarantined one."""
         worker = self.worker(worker_id)
-        if req.loaded_version is not None and req.loaded_version > self.published:
+        if worker.quarantine is not None:
+            raise Rejected(
+                403,
+                "quarantined",
+                "workerId",
+                f"worker {worker_id} is quarantined: {worker.quarantine.reason}",
+            )
+        return worker
+
+    def _report(self, worker: Worker, loaded_version: int | None) -> None:
+        """Record the version a worker says it holds (refused if it was never published)."""
+        if loaded_version is None:
+            return
+        if loaded_version > self.published:
             raise Rejected(
                 422,
                 "invalid",
                 "loadedVersion",
-                f"version {req.loaded_version} was never published: the newest is {self.published}",
+                f"version {loaded_version} was never published: the newest is {self.published}",
             )
+        worker.loaded_version = loaded_version
+        worker.known_versions.add(loaded_version)
+
+    def heartbeat(self, worker_id: str, req: wire.HeartbeatRequest, now: float) -> wire.HeartbeatReply:
+        worker = self.active(worker_id)
+        self._report(worker, req.loaded_version)
+        if req.loaded_version is None:
+            worker.loaded_version = None
         worker.last_seen = now
-        worker.loaded_version = req.loaded_version
         t, min_version, load = self._instructions(worker, now)
         return wire.HeartbeatReply(
             lease_timeout_seconds=self.config.lease_timeout,
@@ -267,21 +369,46 @@ class CoordinatorState:
             del self.workers[worker_id]
             released += len(self.ledger.release_worker(worker_id))
         self.workers_expired += len(dead)
+        hoarders = {worker for _, worker in self.ledger.overdue(now)}
         released += len(self.ledger.expire(now))
+        for worker_id in sorted(hoarders):
+            worker = self.workers.get(worker_id)
+            if worker is None or worker.quarantine is not None:
+                continue
+            worker.overdue += 1
+            if worker.overdue >= HOARDING_EXPIRIES:
+                self._quarantine(
+                    worker_id,
+                    f"lease hoarding: its leases ran past the task timeout ({self.config.task_timeout:g}s) "
+                    f"{worker.overdue} times in a row while it kept heartbeating, with no submission",
+                    None,
+                    self.t_train,
+                )
         return dead, released
 
     def _instructions(self, worker: Worker, now: float) -> tuple[int, int, int | None]:
         """(t_train, minVersion, loadVersion): tell a worker to load the newest published version once its
-        own would break the bound."""
-        min_version, loaded = self.min_version, worker.loaded_version
+        own is below what the next task needs — in Async the pacing floor of the next position (at most
+        ``published``), in Sequential the round's ``t − refreshThreshold``.
+
+        ``stuck`` is judged against the bound alone: a worker is on the clock only while its version
+        could no longer be consumed at all (below ``t_train − bound``), never for lagging pacing's
+        floor while it finishes a long generation."""
+        if self.sequential:
+            need = min(self.min_version, self.published)
+        else:
+            need = min(self.floor(self.ledger.buffered + self.ledger.leased), self.published)
+        loaded = worker.loaded_version
         load: int | None = None
-        if loaded is None or (loaded < min_version and loaded < self.published):
+        if loaded is None or (loaded < need and loaded < self.published):
             load = self.published
-            if worker.told_version != load:
-                worker.told_version, worker.told_at = load, now
+            worker.known_versions.add(load)
+        if loaded is None or (loaded < self.min_version and loaded < self.published):
+            if worker.told_version != self.published:
+                worker.told_version, worker.told_at = self.published, now
         else:
             worker.told_version = worker.told_at = None
-        return self.t_train, min_version, load
+        return self.t_train, max(self.min_version, need), load
 
     def _stuck(self, worker: Worker, now: float) -> bool:
         """Told to load a version, still below it after a lease timeout."""
@@ -291,17 +418,30 @@ class CoordinatorState:
         return behind and now - worker.told_at > self.config.lease_timeout
 
     # ------------------------------------------------------------------------------------- leases
-    def lease(self, worker_id: str, max_tasks: int, now: float) -> wire.LeaseReply:
-        worker = self.worker(worker_id)
+    def lease(
+        self, worker_id: str, max_tasks: int, now: float, loaded_version: int | None = None
+    ) -> wire.LeaseReply:
+        worker = self.active(worker_id)
+        self._report(worker, loaded_version)
         worker.last_seen = now
         want = min(max_tasks, worker.capacity - self.ledger.leases_of(worker_id))
-        for _ in range(min(self.ledger.room(), max(0, want - self.ledger.pending))):
+        pool_limit = self.config.pool_max_leases.get(worker.pool)
+        if pool_limit is not None:
+            held = sum(self.ledger.leases_of(w.id) for w in self.workers.values() if w.pool == worker.pool)
+            want = min(want, pool_limit - held)
+        ahead = self.ledger.buffered + self.ledger.leased
+        if self.config.pacing:  # beyond this room no published version is fresh enough: wait for one
+            room = staleness.lease_room(
+                self.next_step, ahead, self.config.batch_size, self.config.policy, self.published
+            )
+            want = min(want, room)
+        floors = [self.floor(ahead + i) for i in range(max(0, want))]
+        for _ in range(min(self.ledger.room(), max(0, len(floors) - self.ledger.pending))):
             if not self._new_task():
                 break
-        min_version = self.min_version
-        entries = self.ledger.lease(worker_id, max(0, want), now, now + self.config.task_timeout)
+        entries = self.ledger.lease(worker_id, len(floors), now, now + self.config.task_timeout)
         tasks = []
-        for entry in entries:
+        for entry, floor in zip(entries, floors, strict=False):
             problem = entry.payload.problem
             tasks.append(
                 wire.TaskOut(
@@ -309,7 +449,7 @@ class CoordinatorState:
                     problem_id=problem.id,
                     prompt=problem.prompt,
                     group_size=self.config.group_size,
-                    min_version=min_version,
+                    min_version=floor,
                     sampling=wire.SamplingParams(
                         temperature=self.config.temperature,
                         top_p=self.config.top_p,
@@ -333,23 +473,104 @@ class CoordinatorState:
         problem = next(self._prompts, None)
         if problem is None:
             return False
-        self.ledger.add(f"{self.epoch}-{next(self._task_counter)}", TaskSpec(problem))
+        self.ledger.add(self._task_id(), TaskSpec(problem))
         return True
+
+    def _task_id(self) -> str:
+        return f"{self.epoch}-{next(self._task_counter)}"
+
+    def _requeue(self, entries: list[buffer.Entry[TaskSpec, Group]]) -> None:
+        """Give the prompts of dropped groups back to the front of the queue, in their order."""
+        for entry in reversed(entries):
+            self.ledger.add(self._task_id(), entry.payload, front=True)
+        self.requeued_prompts += len(entries)
 
     # ------------------------------------------------------------------------------------- rollouts
     def submit(self, worker_id: str, task_id: str, req: wire.SubmitRequest, now: float) -> wire.SubmitReply:
-        """Validate, re-score and buffer (or drop as stale) one group. Raises Rejected, changing nothing."""
-        worker = self.worker(worker_id)
+        """Validate, re-score (here, synchronously) and buffer or drop one group: :meth:`prepare_submit`
+        then :meth:`commit_submit`. The service scores off the event loop between the two."""
+        prepared = self.prepare_submit(worker_id, task_id, req, now)
+        if isinstance(prepared, wire.SubmitReply):
+            return prepared
+        rewards = tuple(self.task.score(prepared.problem, r.completion) for r in req.rollouts)
+        return self.commit_submit(prepared, rewards, now)
+
+    def prepare_submit(
+        self, worker_id: str, task_id: str, req: wire.SubmitRequest, now: float
+    ) -> Prepared | wire.SubmitReply:
+        """Check a submission before it is scored: a repeat answers ``duplicate``; a lease not held, a
+        malformed group or a rollout that fails a trust check raises :class:`Rejected`. Changes nothing
+        but the worker's last-seen time and the per-pool rejection counts."""
+        worker = self.active(worker_id)
+        repeat = self._duplicate(worker, task_id, now)
+        if repeat is not None:
+            return repeat
+        entry = self._held(worker_id, task_id)
+        self._validate(worker, req)
+        worker.last_seen = now
+        return Prepared(worker_id, task_id, entry.payload.problem, req)
+
+    def commit_submit(
+        self,
+        prepared: Prepared,
+        rewards: Sequence[tasks_base.Reward],
+        now: float,
+        *,
+        timeouts: int = 0,
+        errors: int = 0,
+    ) -> wire.SubmitReply:
+        """Buffer (or drop as stale) a prepared group with its rewards. The lease is checked again (it may
+        have expired, or the worker been quarantined, while the group was scored)."""
+        worker_id, task_id, req = prepared.worker_id, prepared.task_id, prepared.request
+        worker = self.active(worker_id)
+        repeat = self._duplicate(worker, task_id, now)
+        if repeat is not None:
+            return repeat
+        self._held(worker_id, task_id)
+        scored = tuple(
+            ScoredRollout(
+                rollout=r,
+                reward=reward,
+                backend=r.backend or worker.backend,
+                device=r.device or worker.device,
+                dtype=r.dtype or worker.dtype,
+            )
+            for r, reward in zip(req.rollouts, rewards, strict=True)
+        )
+        worker.last_seen = now
+        self.verifier_timeouts += timeouts
+        self.verifier_errors += errors
+        self.generated_groups += 1
+        version = min(r.policy_version for r in req.rollouts)
+        verdict = staleness.admit(version, self.t_train, self.config.policy)
+        values = [s.reward.value for s in scored]
+        if not verdict.consume:
+            self._requeue([self.ledger.discard(task_id, worker_id)])
+            self.dropped_stale += 1
+            return wire.SubmitReply(
+                outcome="dropped", rewards=values, staleness=verdict.staleness, reason=verdict.reason
+            )
+        self.ledger.complete(task_id, worker_id, Group(scored, worker_id), version)
+        worker.overdue = 0
+        self.accepted_rollouts += len(scored)
+        worker.rate.add(now, len(scored))
+        self.rate.add(now, len(scored))
+        return wire.SubmitReply(outcome="buffered", rewards=values, staleness=verdict.staleness)
+
+    def _duplicate(self, worker: Worker, task_id: str, now: float) -> wire.SubmitReply | None:
         outcome = self.ledger.outcome(task_id)
         if (
             outcome is not None
             and outcome[0] in ("buffered", "consumed", "dropped")
-            and outcome[1] == worker_id
+            and outcome[1] == worker.id
         ):
             worker.last_seen = now
             return wire.SubmitReply(
                 outcome="duplicate", rewards=[], reason=f"task {task_id} was already submitted ({outcome[0]})"
             )
+        return None
+
+    def _held(self, worker_id: str, task_id: str) -> buffer.Entry[TaskSpec, Group]:
         entry = self.ledger.lease_of(task_id)
         if entry is None or entry.worker != worker_id:
             raise Rejected(
@@ -359,35 +580,9 @@ class CoordinatorState:
                 f"worker {worker_id} holds no lease on task {task_id!r} (it expired and the task was "
                 "re-issued, or it was never leased to this worker)",
             )
-        self._validate(req)
-        problem = entry.payload.problem
-        scored = tuple(
-            ScoredRollout(
-                rollout=r,
-                reward=self.task.score(problem, r.completion),
-                backend=r.backend or worker.backend,
-                device=r.device or worker.device,
-                dtype=r.dtype or worker.dtype,
-            )
-            for r in req.rollouts
-        )
-        worker.last_seen = now
-        version = min(r.policy_version for r in req.rollouts)
-        verdict = staleness.admit(version, self.t_train, self.config.policy)
-        rewards = [s.reward.value for s in scored]
-        if not verdict.consume:
-            self.ledger.discard(task_id, worker_id)
-            self.dropped_stale += 1
-            return wire.SubmitReply(
-                outcome="dropped", rewards=rewards, staleness=verdict.staleness, reason=verdict.reason
-            )
-        self.ledger.complete(task_id, worker_id, Group(scored, worker_id), version)
-        self.accepted_rollouts += len(scored)
-        worker.rate.add(now, len(scored))
-        self.rate.add(now, len(scored))
-        return wire.SubmitReply(outcome="buffered", rewards=rewards, staleness=verdict.staleness)
+        return entry
 
-    def _validate(self, req: wire.SubmitRequest) -> None:
+    def _validate(self, worker: Worker, req: wire.SubmitRequest) -> None:
         cfg = self.config
         if len(req.rollouts) != cfg.group_size:
             raise Rejected(
@@ -429,6 +624,12 @@ class CoordinatorState:
                 )
             if not all(math.isfinite(x) and x <= 0.0 for x in r.logprobs):  # the wire model checks too
                 raise Rejected(422, "invalid", f"{where}.logprobs", "log-probs must be finite and ≤ 0")
+            problem = trust.version_problem(where, r.policy_version, worker.known_versions)
+            if problem is None and self.detokenizer is not None:
+                problem = self.detokenizer.problem(where, r.token_ids, r.completion, r.finish_reason)
+            if problem is not None:
+                self.rejected.add(worker.pool, trust.reason_of(problem[0]))
+                raise Rejected(422, "invalid", *problem)
 
     # ------------------------------------------------------------------------------------- trainer
     def announce(self, version: int) -> wire.AnnounceReply:
@@ -444,11 +645,56 @@ class CoordinatorState:
         dropped = self._advance(version)
         return wire.AnnounceReply(policy_version=self.t_train, dropped_stale=dropped)
 
+    def quarantine(self, req: wire.QuarantineRequest) -> wire.QuarantineReply:
+        """The trainer caught a worker whose behaviour log-probs disagree with its recomputation: refuse
+        the worker from now on, drop its buffered groups (their prompts go back to the queue), return its
+        leases, and withdraw its groups from the batch the trainer is about to train on (a retry at that
+        version gets a new batch)."""
+        return self._quarantine(req.worker_id, req.reason, req.mismatch, req.version, req.pool)
+
+    def _quarantine(
+        self, worker_id: str, reason: str, mismatch: float | None, version: int, pool: str | None = None
+    ) -> wire.QuarantineReply:
+        worker = self.workers.get(worker_id)
+        known = self.quarantined.get(worker_id)
+        if known is None:
+            self.quarantined[worker_id] = Quarantine(
+                worker_id=worker_id,
+                pool=worker.pool if worker is not None else (pool or ""),
+                host=worker.host if worker is not None else None,
+                reason=reason,
+                mismatch=mismatch,
+                version=version,
+            )
+        if worker is not None:
+            worker.quarantine = self.quarantined[worker_id]
+        released = len(self.ledger.release_worker(worker_id))
+        doomed = self.ledger.drop_buffered(lambda e: e.group is not None and e.group.worker_id == worker_id)
+        self._requeue(doomed)
+        self.dropped_quarantined += len(doomed)
+        batch = self.last_batch
+        current = batch is not None and batch.version == version == self.t_train
+        handed = [e for e in self._last_taken if e.group is not None and e.group.worker_id == worker_id]
+        if not current:
+            handed = []
+        if handed and self.last_batch is not None:
+            # The trainer checks a batch before training on it: the worker's groups in the batch it is
+            # about to train on are withdrawn (counted as dropped, prompts re-queued), and a retry at that
+            # version gets a new batch. A batch of an older version was trained on already.
+            for entry in handed:
+                self.consumed_groups -= 1
+                self.staleness_histogram[self.last_batch.version - (entry.version or 0)] -= 1
+            self._requeue(handed)
+            self.dropped_quarantined += len(handed)
+            self.last_batch, self._last_taken = None, []
+        return wire.QuarantineReply(dropped_groups=len(doomed) + len(handed), released_leases=released)
+
     def pull_batch(self, version: int, now: float) -> wire.BatchReply:
         """The batch for the step ``version -> version+1``, or ``ready=False`` if not enough groups yet.
 
         One batch per version: asking again at the version of the last batch returns that batch again
-        (a retry after a lost reply), so the step consumes it exactly once."""
+        (a retry after a lost reply), so the step consumes it exactly once — unless a quarantine
+        withdrew it, in which case a new one is assembled."""
         if self.last_batch is not None and version == self.last_batch.version:
             return self.last_batch
         if version < self.t_train:
@@ -471,6 +717,7 @@ class CoordinatorState:
                 retry_after_seconds=min(1.0, self.config.heartbeat_interval),
             )
         entries = self.ledger.take(size)
+        self._last_taken = entries
         if self.sequential:
             self.round_open, self.ledger.capacity = False, 0
         groups = [self._group_out(e, version) for e in entries]
@@ -522,52 +769,17 @@ class CoordinatorState:
         self.t_train = max(self.t_train, version)
         policy, t = self.config.policy, self.t_train
         dropped = self.ledger.drop_buffered(lambda e: not staleness.admit(e.version or 0, t, policy).consume)
+        self._requeue(dropped)
         self.dropped_stale += len(dropped)
         return len(dropped)
 
     # ------------------------------------------------------------------------------------- status
     def status(self, now: float, wall_now: float) -> wire.StatusDocument:
-        pools: dict[str, list[Worker]] = {name: [] for name in self.config.pools}
-        workers = []
-        for w in self.workers.values():
-            pools.setdefault(w.pool, []).append(w)
-            seen = datetime.datetime.fromtimestamp(wall_now - (now - w.last_seen), tz=datetime.UTC)
-            workers.append(
-                wire.WorkerStatus(
-                    id=w.id,
-                    pool=w.pool,
-                    host=w.host,
-                    backend=w.backend,
-                    device=w.device,
-                    dtype=w.dtype,
-                    external=w.external,
-                    loaded_version=w.loaded_version,
-                    last_heartbeat=seen.strftime("%Y-%m-%dT%H:%M:%SZ"),
-                    rollouts_per_second=round(w.rate.rate(now), 3),
-                    stuck=self._stuck(w, now),
-                )
-            )
-        summaries = {}
-        for name, members in pools.items():
-            loaded = [w.loaded_version for w in members if w.loaded_version is not None]
-            summaries[name] = wire.PoolSummary(
-                workers=len(members),
-                min_loaded_version=min(loaded) if len(loaded) == len(members) and loaded else None,
-            )
-        capacity = self.config.batch_size if self.sequential else self.config.buffer_capacity
-        return wire.StatusDocument(
-            job=self.config.job,
-            mode=self.config.policy.mode,
-            max_staleness=self.config.policy.max_staleness,
-            policy_version=self.t_train,
-            buffer=wire.BufferStatus(groups=self.ledger.buffered, capacity=capacity),
-            max_observed_staleness=self.max_observed_staleness,
-            staleness_histogram={str(k): v for k, v in sorted(self.staleness_histogram.items())},
-            dropped_stale=self.dropped_stale,
-            weighted_stale=self.weighted_stale,
-            consumed_groups=self.consumed_groups,
-            rollouts_per_second=round(self.rate.rate(now), 3),
-            reward=self.last_reward,
-            workers=workers,
-            pools=summaries,
-        )
+        """The status document (``GET /v1/status``; :func:`.report.status_document`)."""
+        from echo_runtime.coordinator import report
+
+        return report.status_document(self, now, wall_now)
+
+    def stuck(self, worker: Worker, now: float) -> bool:
+        """Told to load a version, still below it after a lease timeout."""
+        return self._stuck(worker, now)

@@ -52,6 +52,8 @@ class ErrorDetail(WireModel):
         "invalid",
         "too_large",
         "unavailable",
+        "quarantined",
+        "limit",
     ]
     field: str
     """The offending field, as a path (``rollouts[3].logprobs[7]``), a header or ``body``."""
@@ -116,6 +118,8 @@ class HeartbeatReply(Instructions):
 
 class LeaseRequest(WireModel):
     max_tasks: int = Field(default=1, ge=1, le=MAX_TASKS_PER_LEASE)
+    loaded_version: int | None = Field(default=None, ge=0)
+    """The policy version the backend holds now, as in a heartbeat (None: not reported here)."""
     wait_seconds: float = Field(default=0.0, ge=0.0, le=30.0)
     """Long-poll: with nothing to lease, hold the request up to this long for work to appear (a
     Sequential round opening, buffer room in Async, leases returned) instead of polling."""
@@ -135,6 +139,8 @@ class TaskOut(WireModel):
     prompt: str
     group_size: int
     min_version: int
+    """Generate with a loaded version ≥ this (pacing: the oldest whose group is still consumed in
+    bound, given the groups ahead of it); load the newest published one first if yours is older."""
     sampling: SamplingParams
     lease_seconds: float
     """Submit within this long (and keep heartbeating), or the task goes to another worker."""
@@ -156,6 +162,7 @@ class RolloutIn(WireModel):
     logprobs: list[LogProb] = Field(min_length=1, max_length=MAX_TOKENS)
     """Behaviour log-probs, one per token id: finite and ≤ 0."""
     policy_version: int = Field(ge=0)
+    """The version that produced it: one this worker reported holding (heartbeat or lease request)."""
     backend: str | None = Field(default=None, pattern=_NAME)
     """Defaults to the worker's registered backend (likewise device and dtype)."""
     device: str | None = Field(default=None, pattern=_NAME)
@@ -194,6 +201,25 @@ class AnnounceReply(WireModel):
     policy_version: int
     dropped_stale: int
     """Buffered groups dropped because this version made them too stale."""
+
+
+class QuarantineRequest(WireModel):
+    """The trainer caught a worker: its behaviour log-probs disagree with the trainer's recomputation."""
+
+    worker_id: str = Field(min_length=1, max_length=64)
+    reason: str = Field(min_length=1, max_length=2000)
+    mismatch: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
+    """The statistic that caught it: mean |Δ log-prob| per token on the checked rollouts."""
+    version: int = Field(ge=0, lt=2**62)
+    """The trainer's version at the check."""
+    pool: str | None = Field(default=None, max_length=63)
+    """The worker's pool, if the coordinator no longer knows the worker (it expired)."""
+
+
+class QuarantineReply(WireModel):
+    dropped_groups: int
+    """The worker's groups dropped from the buffer and from the last batch (prompts re-queued)."""
+    released_leases: int
 
 
 class BatchRequest(WireModel):
@@ -260,6 +286,8 @@ class WorkerStatus(WireModel):
     stuck: bool
     """Its loaded version would break the bound and it has not loaded the version it was told to
     load within its lease timeout."""
+    quarantined: bool = False
+    """The trainer caught it (see ``quarantined`` in the status document); it is refused from now on."""
 
 
 class BufferStatus(WireModel):
@@ -270,6 +298,23 @@ class BufferStatus(WireModel):
 class PoolSummary(WireModel):
     workers: int
     min_loaded_version: int | None
+    leases: int = 0
+    """Leases the pool's workers hold now."""
+    quarantined: int = 0
+    """Workers of the pool the trainer quarantined (they count against ``maxWorkers``)."""
+    rejected_rollouts: dict[str, int] = Field(default_factory=dict)
+    """Group submissions refused by a trust check, by reason: ``tokenMismatch`` (the token ids do not
+    decode to the completion) and ``unloadedVersion`` (a policy version the worker never reported)."""
+
+
+class QuarantinedWorker(WireModel):
+    id: str
+    pool: str
+    host: str | None = None
+    reason: str
+    mismatch: float | None = None
+    version: int
+    """The trainer's version when it was caught."""
 
 
 class StatusDocument(WireModel):
@@ -285,11 +330,27 @@ class StatusDocument(WireModel):
     dropped_stale: int
     weighted_stale: int
     consumed_groups: int
+    generated_groups: int = 0
+    """Valid group submissions: buffered, or dropped as stale on arrival (what the swarm generated)."""
+    dropped_quarantined: int = 0
+    """Groups of quarantined workers dropped from the buffer or withdrawn from a batch."""
+    requeued_prompts: int = 0
+    """Prompts of dropped groups put back at the front of the queue (no prompt is lost)."""
+    verifier_timeouts: int = 0
+    """Rollouts whose re-scoring hit the verifier timeout (scored 0)."""
+    verifier_errors: int = 0
+    """Rollouts whose verifier raised (scored 0)."""
+    epoch: str = ""
+    """Changes when the coordinator restarts (its counters then start again from 0)."""
+    pacing: bool = False
+    """Leases are paced so that groups are consumed within the bound (``--no-pacing`` turns it off)."""
     rollouts_per_second: float
     reward: float | None
     """Mean coordinator-verified reward of the last batch handed to the trainer."""
     workers: list[WorkerStatus]
     pools: dict[str, PoolSummary]
+    quarantined: list[QuarantinedWorker] = Field(default_factory=list)
+    """Workers the trainer quarantined, for the job's life."""
 
 
 class Health(WireModel):

@@ -108,6 +108,12 @@ class InferenceSwarmSpec(Placement):
     """Workers join from outside the cluster with a join token; no pods are created."""
     capacity: int = Field(default=1, ge=1, le=1024)
     """Tasks (groups) one worker holds leases on at once."""
+    max_workers: int | None = Field(default=None, ge=1, le=100_000)
+    """Most workers the pool's join token may have registered at once; workers the trainer quarantined
+    count until the job ends, so a caught worker cannot simply join again. Unset: no limit."""
+    max_leases: int | None = Field(default=None, ge=1, le=1_000_000)
+    """Most leases the pool's workers hold together, so one pool (or one hoarding worker) cannot take
+    all the work. Unset: no limit beyond ``capacity`` per worker."""
     threads: int | None = Field(default=None, ge=1, le=1024)
     """CPU threads per worker (torch/mlx); default: the process's share of the cores."""
 

@@ -3,7 +3,9 @@
 Promises:
 
 * Every rollout carries the policy version the backend *actually* held while sampling it, and the
-  worker never samples a task with a loaded version below the task's ``minVersion``.
+  worker never samples a task with a loaded version below the task's ``minVersion``. The coordinator
+  accepts only versions a worker reported holding, so the worker reports each version it loads (a
+  heartbeat) before it submits rollouts of it, and reports its version with every lease request.
 * A version is loaded only through the snapshot store's verified fetch (checksums checked), and is
   pinned in the store while in use so retention never deletes it from under a reader.
 * On SIGTERM (:meth:`Worker.stop`) the worker finishes the group in hand, submits it, leaves the swarm
@@ -120,9 +122,19 @@ class Worker:
         self.loads += 1
         log.info("loaded policy version %d (%s) in %.2fs", latest, kind, seconds)
         self._emit({"event": "load", "version": latest, "seconds": seconds})
+        self._report_loaded()
         if previous:
             with contextlib.suppress(Exception):
                 self.store.unpin(previous, self._reader_id())
+
+    def _report_loaded(self) -> None:
+        """Tell the coordinator which version the backend holds now (its rollouts may claim only that)."""
+        try:
+            self._instructions(self.client.heartbeat(self.loaded_version))
+        except coord.Unauthorized:
+            raise
+        except coord.CoordinatorError as exc:  # the next lease request reports it too
+            log.warning("could not report policy version %d: %s", self.loaded_version, exc)
 
     def _reader_id(self) -> str:
         return f"worker-{self.client.worker_id or 'unregistered'}"
@@ -175,7 +187,7 @@ class Worker:
             self._stop.wait(0.5)
             return
         asked = self._clock()
-        lease = self.client.lease(self.capacity, wait=LEASE_WAIT_S)
+        lease = self.client.lease(self.capacity, wait=LEASE_WAIT_S, loaded_version=self.loaded_version)
         self.lease_seconds += self._clock() - asked
         self._instructions(lease)
         if not lease.tasks:
@@ -232,7 +244,7 @@ class Worker:
                 for s in samples
             ]
             try:
-                reply = self.client.submit(task.task_id, rollouts)
+                reply = self._submit(task.task_id, rollouts, version)
             except coord.LeaseLost as exc:
                 log.warning("task %s: lease lost (%s); the group is discarded", task.task_id, exc.message)
                 continue
@@ -240,6 +252,17 @@ class Worker:
             self.rollouts += len(rollouts)
             log.debug("task %s: %s, rewards %s", task.task_id, reply.outcome, reply.rewards)
         self._emit({"event": "sample", "groups": len(tasks), "seconds": seconds, "version": version})
+
+    def _submit(self, task_id: str, rollouts: list[wire.RolloutIn], version: int) -> wire.SubmitReply:
+        """Submit a group; if the coordinator has no record of ``version`` (a report lost, or it
+        restarted and we registered again), report it and try once more."""
+        try:
+            return self.client.submit(task_id, rollouts)
+        except coord.Invalid as exc:
+            if not exc.field.endswith(".policyVersion") or self.loaded_version != version:
+                raise
+            self._report_loaded()
+            return self.client.submit(task_id, rollouts)
 
     def _emit(self, record: dict[str, Any]) -> None:
         if self._metrics is None:

@@ -67,6 +67,8 @@ def coordinator_factory(tmp_path: Path) -> Iterator[Callable[..., RunningCoordin
             str(tokens),
             "--vocab-size",
             "100",
+            "--tokenizer",
+            "none",  # the sim workers send synthetic token ids; the check has tests of its own
             "--port",
             str(port),
             "--lease-timeout",

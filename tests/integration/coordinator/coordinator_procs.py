@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import select
+import queue
 import subprocess
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,14 +117,25 @@ class RunningCoordinator:
 @dataclass
 class SimWorker:
     popen: subprocess.Popen[str]
+    lines: queue.Queue[str] = field(default_factory=queue.Queue)
+
+    def __post_init__(self) -> None:
+        # A reader thread, not select(): several lines may arrive in one read and sit in the text
+        # buffer, where select() on the pipe no longer sees them.
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.popen.stdout is not None
+        for text in self.popen.stdout:
+            self.lines.put(text)
+        self.lines.put("")
 
     def line(self, timeout: float = 30.0) -> dict[str, Any]:
         """The next JSON line the worker printed (it prints whole lines, flushed)."""
-        assert self.popen.stdout is not None
-        ready, _, _ = select.select([self.popen.stdout], [], [], timeout)
-        if not ready:
-            raise AssertionError(f"the sim worker printed nothing in {timeout} s")
-        text = self.popen.stdout.readline()
+        try:
+            text = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"the sim worker printed nothing in {timeout} s") from None
         if not text:
             raise AssertionError(f"the sim worker exited with {self.popen.wait(timeout=10)}")
         parsed: dict[str, Any] = json.loads(text)

@@ -16,7 +16,6 @@ import pytest
 from coordinator_procs import REPO, RunningCoordinator
 
 from echo_runtime import staleness
-
 from echo_runtime.coordinator import client, wire
 
 pytestmark = pytest.mark.timeout(180)  # a hang fails fast, with a traceback

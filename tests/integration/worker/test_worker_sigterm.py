@@ -82,7 +82,9 @@ def job_manifest(name: str, store: Path, max_staleness: int, max_new_tokens: int
             "task": {"name": "arithmetic"},
             "algorithm": {
                 "groupSize": GROUP_SIZE,
-                "batchSize": 2,
+                # One lease fills a batch: the coordinator paces leases to what the next steps can
+                # consume, so with Δmax 0 a worker can hold a whole lease only if a batch is that big.
+                "batchSize": CAPACITY,
                 "sampling": {"maxNewTokens": max_new_tokens},
             },
             "syncPolicy": {"mode": "Async", "maxStaleness": max_staleness, "bufferSize": buffer_size},

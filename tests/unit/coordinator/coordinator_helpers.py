@@ -5,8 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from echo_runtime import tasks
-from echo_runtime import staleness
+from echo_runtime import staleness, tasks
 from echo_runtime.coordinator import state, wire
 from echo_runtime.coordinator.config import CoordinatorConfig
 

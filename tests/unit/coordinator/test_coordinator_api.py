@@ -215,6 +215,7 @@ def test_openapi_schema_is_complete(make_service: Callable[..., api.Service]) ->
         "/v1/workers/{workerId}",
         "/v1/trainer/version",
         "/v1/trainer/batches",
+        "/v1/trainer/quarantine",
         "/v1/status",
         "/healthz",
         "/metrics",

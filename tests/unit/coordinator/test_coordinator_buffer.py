@@ -28,8 +28,31 @@ def test_lease_complete_take() -> None:
     ledger.complete("t0", "w1", "group 0", version=2)
     assert ledger.buffered == 2 and ledger.outcome("t1") == ("buffered", "w1")
     taken = ledger.take(1)
-    assert [e.id for e in taken] == ["t1"]  # completion order, not creation order
-    assert taken[0].group == "group 1" and ledger.outcome("t1") == ("consumed", "w1")
+    assert [e.id for e in taken] == ["t0"]  # the oldest policy version first, whatever completed first
+    assert taken[0].group == "group 0" and ledger.outcome("t0") == ("consumed", "w1")
+    ledger.check()
+
+
+def test_take_breaks_version_ties_in_lease_order() -> None:
+    ledger = ledger_with(4)
+    ledger.lease("w1", 1, now=0.0, deadline=10.0)  # t0
+    ledger.lease("w2", 2, now=1.0, deadline=10.0)  # t1, t2
+    ledger.complete("t2", "w2", "g2", version=5)
+    ledger.complete("t1", "w2", "g1", version=5)
+    ledger.complete("t0", "w1", "g0", version=5)  # leased first, completed last
+    ledger.lease("w1", 1, now=2.0, deadline=10.0)  # t3
+    ledger.complete("t3", "w1", "g3", version=4)  # an older version jumps the queue
+    assert [e.id for e in ledger.take(4)] == ["t3", "t0", "t1", "t2"]
+    ledger.check()
+
+
+def test_a_dropped_groups_prompt_can_go_back_to_the_front() -> None:
+    ledger = ledger_with(2)
+    (entry,) = ledger.lease("w1", 1, now=0.0, deadline=10.0)
+    dropped = ledger.discard(entry.id, "w1")
+    ledger.add("t0-again", dropped.payload, front=True)
+    assert [e.payload for e in ledger.lease("w2", 2, now=1.0, deadline=10.0)] == ["prompt 0", "prompt 1"]
+    assert ledger.dropped == 1 and ledger.created == 3
     ledger.check()
 
 

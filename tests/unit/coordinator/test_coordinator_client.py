@@ -11,7 +11,6 @@ import pytest
 from coordinator_helpers import CPU_TOKEN, TRAINER_TOKEN, answer, config
 
 from echo_runtime import staleness
-
 from echo_runtime.coordinator import api, client, wire
 
 FAST = client.RetryPolicy(attempts=4, base=0.01, cap=0.02, deadline=5.0)

@@ -6,8 +6,12 @@ version, and repeated) and departures, in both modes and with both stale actions
 
 * no batch ever contains a rollout with staleness > Δmax (and every group passes ``admit``);
 * no group is delivered twice;
-* no task is silently lost: created = pending + leased + buffered + consumed + dropped, and every drop
-  is counted in ``droppedStale``;
+* no task is silently lost: created = pending + leased + buffered + consumed + dropped, every drop is
+  counted in ``droppedStale`` or ``droppedQuarantined``, and every dropped group's prompt is back in the
+  queue (``requeuedPrompts``);
+* a rollout may only claim a version its worker was told to load or reported holding;
+* tasks are tagged at least ``t_train − bound`` and never above the published version;
+* nothing from a quarantined worker is delivered after its quarantine;
 * a rejected request changes nothing; t_train never decreases; the buffer stays within its capacity.
 """
 
@@ -20,7 +24,6 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from echo_runtime import staleness
-
 from echo_runtime.coordinator import state, wire
 
 
@@ -30,6 +33,9 @@ class CoordinatorMachine(RuleBasedStateMachine):
         self.s: state.CoordinatorState
         self.now = 0.0
         self.loaded: dict[str, int | None] = {}
+        self.known: dict[str, set[int]] = {}
+        """Per worker: the versions it was told to load or reported holding (the claims it may make)."""
+        self.banned: set[str] = set()
         self.tasks: dict[str, tuple[str, wire.TaskOut]] = {}
         self.delivered: set[str] = set()
         self.last_t = 0
@@ -90,7 +96,19 @@ class CoordinatorMachine(RuleBasedStateMachine):
     @precondition(lambda self: len(self.loaded) < 4)
     @rule()
     def join(self) -> None:
-        self.loaded[register(self.s, self.now, capacity=2)] = None
+        worker = register(self.s, self.now, capacity=2)
+        self.loaded[worker] = None
+        self.known[worker] = {self.s.published}  # registering, it is told to load the newest version
+
+    def told(self, worker: str, reply: wire.Instructions, reported: int | None) -> None:
+        if reply.load_version is not None:
+            self.known[worker].add(reply.load_version)
+        if reported is not None:
+            self.known[worker].add(reported)
+
+    def forget(self, worker: str) -> None:
+        del self.loaded[worker]
+        self.known.pop(worker, None)
 
     @precondition(lambda self: self.loaded)
     @rule(index=st.integers(0, 3), obey=st.booleans())
@@ -101,9 +119,10 @@ class CoordinatorMachine(RuleBasedStateMachine):
                 worker, wire.HeartbeatRequest(loaded_version=self.loaded[worker]), self.now
             )
         except state.Rejected as exc:
-            assert exc.code == "unknown_worker"
-            del self.loaded[worker]
+            assert exc.code in ("unknown_worker", "quarantined")
+            self.forget(worker)
             return
+        self.told(worker, reply, self.loaded[worker])
         if obey and reply.load_version is not None:
             self.loaded[worker] = reply.load_version
 
@@ -114,10 +133,11 @@ class CoordinatorMachine(RuleBasedStateMachine):
         try:
             reply = self.s.lease(worker, count, self.now)
         except state.Rejected:
-            del self.loaded[worker]
+            self.forget(worker)
             return
+        self.told(worker, reply, None)
         for task in reply.tasks:
-            assert task.min_version == self.s.config.policy.min_version(self.s.t_train)
+            assert self.s.config.policy.min_version(self.s.t_train) <= task.min_version <= self.s.published
             self.tasks[task.task_id] = (worker, task)
 
     @precondition(lambda self: self.tasks)
@@ -140,12 +160,14 @@ class CoordinatorMachine(RuleBasedStateMachine):
             reply = self.s.submit(worker, task_id, req, self.now)
         except state.Rejected as exc:
             assert self.snapshot() == before, f"a rejected submission changed the state: {exc}"
-            assert exc.status in (404, 409, 422)
+            assert exc.status in (403, 404, 409, 422)
             return
         if reply.outcome == "duplicate":  # this worker already submitted it (leased again in `work`)
             assert self.snapshot() == before
             return
         assert how not in ("malformed", "future")
+        assert version in self.known[worker], "a claim of a version never told nor reported was accepted"
+        assert worker not in self.banned
         del self.tasks[task_id]
 
     @precondition(lambda self: self.loaded)
@@ -153,7 +175,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
     def leave(self, index: int) -> None:
         worker = self.worker(index)
         self.s.leave(worker)
-        del self.loaded[worker]
+        self.forget(worker)
 
     @precondition(lambda self: self.loaded)
     @rule(index=st.integers(0, 3), stale=st.booleans())
@@ -164,16 +186,25 @@ class CoordinatorMachine(RuleBasedStateMachine):
             reply = self.s.heartbeat(
                 worker, wire.HeartbeatRequest(loaded_version=self.loaded[worker]), self.now
             )
+            self.told(worker, reply, self.loaded[worker])
             if reply.load_version is not None and not stale:
                 self.loaded[worker] = reply.load_version
-            tasks = self.s.lease(worker, 2, self.now).tasks
+                self.s.heartbeat(worker, wire.HeartbeatRequest(loaded_version=reply.load_version), self.now)
+            lease = self.s.lease(worker, 2, self.now, self.loaded[worker])
+            self.told(worker, lease, self.loaded[worker])
         except state.Rejected:
-            del self.loaded[worker]
+            self.forget(worker)
             return
-        for task in tasks:
-            submitted = self.s.submit(
-                worker, task.task_id, group(self.s, task, self.loaded[worker] or 0), self.now
-            )
+        version = self.loaded[worker] or 0
+        for task in lease.tasks:
+            before = self.snapshot()
+            try:
+                submitted = self.s.submit(worker, task.task_id, group(self.s, task, version), self.now)
+            except state.Rejected as exc:  # a worker that never loaded claims version 0 it was not given
+                assert exc.field.endswith(".policyVersion") and version not in self.known[worker]
+                assert self.snapshot() == before
+                event("work: unknown version refused")
+                continue
             event(f"work: {submitted.outcome}")
 
     @rule(seconds=st.sampled_from([0.5, 3.0, 11.0]), keep_alive=st.booleans())
@@ -188,6 +219,25 @@ class CoordinatorMachine(RuleBasedStateMachine):
             event("leases re-issued" + (" (task deadline)" if keep_alive else ""))
         for worker in dead:
             self.loaded.pop(worker, None)
+
+    @precondition(lambda self: self.loaded and not self.banned)  # once per run: workers must still work
+    @rule(index=st.integers(0, 3))
+    def quarantine(self, index: int) -> None:
+        """The trainer catches a worker: its buffered groups go (prompts re-queued), it is refused."""
+        worker = self.worker(index)
+        theirs = sum(1 for e in self.s.ledger.buffered_entries() if e.group and e.group.worker_id == worker)
+        current = self.last_batch is not None and self.last_batch.version == self.s.t_train
+        withdrawn = [g for g in self.last_batch.groups if g.worker_id == worker] if current and self.last_batch else []
+        reply = self.s.quarantine(
+            wire.QuarantineRequest(worker_id=worker, reason="caught in a test", version=self.s.t_train)
+        )
+        assert reply.dropped_groups == theirs + len(withdrawn)
+        self.banned.add(worker)
+        self.forget(worker)
+        if withdrawn:  # the trainer trains on the rest of that batch; a retry at its version gets a new one
+            self.delivered -= {g.task_id for g in withdrawn}
+            self.last_batch = None
+        event("quarantine")
 
     # ----------------------------------------------------------------------------------- trainer
     @rule(step=st.integers(1, 2))
@@ -213,6 +263,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
         policy = self.s.config.policy
         assert len(reply.groups) == self.s.config.batch_size
         for g in reply.groups:
+            assert g.worker_id not in self.banned, "a quarantined worker's group was delivered"
             assert g.task_id not in self.delivered, "a group was delivered twice"
             self.delivered.add(g.task_id)
             assert staleness.admit(g.policy_version, version, policy).consume
@@ -225,8 +276,9 @@ class CoordinatorMachine(RuleBasedStateMachine):
     def nothing_lost_nothing_twice(self) -> None:
         s = self.s
         s.ledger.check()
-        assert s.ledger.dropped == s.dropped_stale
-        assert s.consumed_groups == s.ledger.consumed == len(self.delivered)
+        assert s.ledger.dropped + (s.ledger.consumed - s.consumed_groups) == s.dropped_stale + s.dropped_quarantined
+        assert s.requeued_prompts == s.dropped_stale + s.dropped_quarantined
+        assert s.consumed_groups == len(self.delivered)
         bound = s.config.batch_size if s.sequential else s.config.buffer_capacity
         assert s.ledger.outstanding <= bound
         if s.max_observed_staleness is not None:
@@ -237,7 +289,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
 
 
 CoordinatorMachine.TestCase.settings = settings(
-    max_examples=150, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=250, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 test_coordinator_state_machine = CoordinatorMachine.TestCase
 

@@ -40,7 +40,7 @@ def snapshot(s: state.CoordinatorState) -> tuple[int, ...]:
 
 # ------------------------------------------------------------------------------------------- async
 def test_async_backpressure_pauses_leasing_until_the_trainer_pulls() -> None:
-    s = make_state(config(capacity=4, batch_size=2))
+    s = make_state(config(max_staleness=2, capacity=4, batch_size=2))  # Δmax 2: pacing leaves room
     w = register(s)
     tasks = s.lease(w, 10, 0.0).tasks
     assert len(tasks) == 4  # worker capacity 4, buffer capacity 4
@@ -74,14 +74,49 @@ def test_announce_drops_groups_that_became_too_stale() -> None:
     assert s.dropped_stale == 1 and s.ledger.buffered == 0
 
 
-def test_a_group_too_stale_on_arrival_is_dropped_and_counted() -> None:
+def test_a_group_too_stale_on_arrival_is_dropped_counted_and_its_prompt_requeued() -> None:
     s = make_state(config(max_staleness=1))
     w = register(s)
     task = lease_one(s, w)
+    s.announce(1)
+    s.heartbeat(w, wire.HeartbeatRequest(loaded_version=1), 0.0)
     s.announce(3)
     reply = s.submit(w, task.task_id, group(s, task, 1), 0.0)
     assert reply.outcome == "dropped" and reply.staleness == 2 and "exceeds maxStaleness 1" in reply.reason
     assert s.dropped_stale == 1 and s.ledger.dropped == 1
+    assert s.requeued_prompts == 1 and s.ledger.pending == 1
+    s.heartbeat(w, wire.HeartbeatRequest(loaded_version=3), 1.0)
+    again = lease_one(s, w, 1.0)
+    assert again.problem_id == task.problem_id and again.task_id != task.task_id
+
+
+def test_pacing_leases_only_what_can_be_consumed_in_bound() -> None:
+    s = make_state(config(max_staleness=1, capacity=8, batch_size=2))
+    w = register(s, capacity=8)
+    first = s.lease(w, 8, 0.0).tasks
+    # t = 0, the trainer has not taken its batch: steps 0 and 1 can consume version-0 groups.
+    assert [t.min_version for t in first] == [0, 0, 0, 0]
+    for task in first:
+        s.submit(w, task.task_id, group(s, task, 0), 0.0)
+    assert s.pull_batch(0, 0.0).ready  # step 0 trains; the two left go to step 1
+    assert s.lease(w, 8, 0.0).tasks == []  # a group leased now would be consumed at step 2: too stale
+    s.announce(1)
+    reply = s.lease(w, 8, 0.0)
+    # Behind the 2 buffered groups: steps 1 and 2 can consume version-1 groups (2 + 2 positions).
+    assert [t.min_version for t in reply.tasks] == [1, 1] and reply.load_version == 1
+    assert s.dropped_stale == 0
+
+
+def test_pacing_off_leases_what_the_buffer_holds_and_the_surplus_is_dropped() -> None:
+    s = make_state(config(max_staleness=1, capacity=8, batch_size=2, pacing=False))
+    w = register(s, capacity=8)
+    for task in s.lease(w, 8, 0.0).tasks:
+        s.submit(w, task.task_id, group(s, task, 0), 0.0)
+    assert s.pull_batch(0, 0.0).ready
+    s.announce(1)
+    assert s.pull_batch(1, 0.0).ready
+    s.announce(2)  # the groups of version 0 still buffered are too stale for step 2
+    assert s.dropped_stale == 4 and s.requeued_prompts == 4
 
 
 def test_workers_are_told_to_load_when_they_would_break_the_bound() -> None:
@@ -337,6 +372,9 @@ def test_status_document_has_exactly_the_contract_keys() -> None:
     assert doc["workers"][0]["lastHeartbeat"].endswith("Z") and doc["pools"]["cpu"] == {
         "workers": 1,
         "minLoadedVersion": 0,
+        "leases": 0,
+        "quarantined": 0,
+        "rejectedRollouts": {"tokenMismatch": 0, "unloadedVersion": 0},
     }
     assert doc["reward"] == 0.5 and doc["rolloutsPerSecond"] > 0
 
@@ -366,3 +404,75 @@ def test_config_checks() -> None:
         config(capacity=1, batch_size=2)
     with pytest.raises(ValueError, match="heartbeatInterval"):
         config(heartbeat_interval=20.0)
+
+
+# ------------------------------------------------------------------------------------------- trust
+def test_a_worker_holding_leases_past_the_task_timeout_again_and_again_is_quarantined() -> None:
+    s = make_state(config(max_staleness=2, task_timeout=5.0, lease_timeout=10.0))
+    hoarder, honest = register(s), register(s)
+    now = 0.0
+    for round_ in range(state.HOARDING_EXPIRIES):
+        assert s.lease(hoarder, 4, now).tasks, f"round {round_}: the hoarder got nothing to hoard"
+        now += 6.0
+        s.heartbeat(hoarder, wire.HeartbeatRequest(loaded_version=0), now)  # alive, never submitting
+        s.heartbeat(honest, wire.HeartbeatRequest(loaded_version=0), now)
+        s.expire(now)
+    doc = s.status(now, 0.0)
+    assert [q.id for q in doc.quarantined] == [hoarder] and "lease hoarding" in doc.quarantined[0].reason
+    with pytest.raises(state.Rejected) as refused:
+        s.lease(hoarder, 1, now)
+    assert (refused.value.status, refused.value.code) == (403, "quarantined")
+    task = lease_one(s, honest, now)  # the hoarded prompts went back to the queue, for honest workers
+    assert s.submit(honest, task.task_id, group(s, task, 0), now).outcome == "buffered"
+
+
+def test_a_slow_worker_that_still_submits_is_not_taken_for_a_hoarder() -> None:
+    s = make_state(config(max_staleness=8, capacity=40, task_timeout=5.0, lease_timeout=10.0))
+    slow = register(s)
+    now = 0.0
+    for _ in range(2 * state.HOARDING_EXPIRIES):
+        assert len(s.lease(slow, 2, now).tasks) == 2
+        now += 6.0
+        s.heartbeat(slow, wire.HeartbeatRequest(loaded_version=0), now)
+        s.expire(now)  # one lease ran over ...
+        again = lease_one(s, slow, now)  # ... it is leased again and submitted this time
+        s.submit(slow, again.task_id, group(s, again, 0), now)
+    assert not s.status(now, 0.0).quarantined
+
+
+def test_the_trainer_quarantines_a_worker_and_its_groups_leave_buffer_and_batch() -> None:
+    s = make_state(config(max_staleness=1, batch_size=2, capacity=6))
+    liar, honest = register(s), register(s)
+    for w in (liar, honest, liar):
+        task = lease_one(s, w)
+        s.submit(w, task.task_id, group(s, task, 0), 0.0)
+    batch = s.pull_batch(0, 0.0)  # oldest first: the liar's first group and the honest one
+    assert sorted(g.worker_id for g in batch.groups) == sorted([liar, honest])
+    reply = s.quarantine(wire.QuarantineRequest(worker_id=liar, reason="fabricated log-probs", version=0))
+    assert (reply.dropped_groups, s.dropped_quarantined, s.requeued_prompts) == (2, 2, 2)
+    assert s.ledger.buffered == 0 and s.consumed_groups == 1
+    again = s.pull_batch(0, 0.0)  # the batch was withdrawn: a retry assembles a new one
+    assert again is not batch and not again.ready
+    doc = s.status(0.0, 0.0)
+    assert doc.quarantined[0].id == liar and doc.pools["cpu"].quarantined == 1
+    assert [w.quarantined for w in doc.workers if w.id == liar] == [True]
+    with pytest.raises(state.Rejected) as refused:
+        s.heartbeat(liar, wire.HeartbeatRequest(loaded_version=0), 0.0)
+    assert refused.value.code == "quarantined"
+
+
+def test_a_pool_token_registers_at_most_max_workers_quarantined_ones_included() -> None:
+    s = make_state(config(pool_max_workers={"cpu": 2}, pool_max_leases={"cpu": 3}))
+    a, b = register(s, capacity=4), register(s, capacity=4)
+    with pytest.raises(state.Rejected) as full:
+        register(s)
+    assert (full.value.status, full.value.code, full.value.field) == (429, "limit", "pool")
+    assert "maxWorkers is 2" in full.value.message
+    assert len(s.lease(a, 4, 0.0).tasks) == 3  # maxLeases 3 for the whole pool
+    assert s.lease(b, 4, 0.0).tasks == []
+    s.quarantine(wire.QuarantineRequest(worker_id=a, reason="caught", version=0))
+    s.leave(a)
+    with pytest.raises(state.Rejected):
+        register(s)  # the quarantined worker still counts: it cannot come back under a new id
+    s.leave(b)
+    register(s)

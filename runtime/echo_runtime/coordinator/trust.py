@@ -1,0 +1,114 @@
+"""What the coordinator checks in a worker's submission beyond its shape: nothing a worker says is trusted.
+
+The wire models bound lengths and ranges; :mod:`.state` checks the job's limits (group size,
+``maxNewTokens``, vocabulary). This module holds the checks that tie a rollout to the text that is
+scored and to the policy the worker really holds — pure functions, densely tested:
+
+* **Token ids are the text.** The trainer trains on token ids, the verifier scores text; a worker could
+  send a correct answer as text and any ids it likes. :meth:`Detokenizer.problem` decodes the ids
+  exactly as every backend does (:func:`echo_runtime.backends.sampling.finish`: the ids up to the end of
+  sequence, decoded with special tokens kept) and compares with the completion. The stream must end as
+  ``finish`` ends one: an end-of-sequence id only as the last token (``finishReason: stop``), or none.
+* **The claimed version was loaded.** A rollout's ``policyVersion`` must be one the coordinator told
+  this worker to load (``loadVersion``) or the worker reported holding (``loadedVersion`` in a heartbeat
+  or lease request; only published versions are accepted) — so a worker still on ``v − 5`` cannot tag
+  its rollouts with a newer version it was never given, without also claiming, on the record, to have
+  loaded it. Whether it really did is then the trainer's check: for groups of staleness 0 it recomputes
+  the log-probs and quarantines a worker whose behaviour log-probs disagree
+  (:mod:`echo_runtime.trainer.verify`).
+
+Each problem is a ``(field, message)`` pair naming the rollout, for a 4xx reply; :class:`PoolCounters`
+counts them per pool for the status document and Prometheus.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Callable, Collection, Sequence
+
+Problem = tuple[str, str]
+"""``(field, message)`` of a rejected rollout: ``("rollouts[3].tokenIds", "...")``."""
+
+REASONS = ("tokenMismatch", "unloadedVersion")
+"""The rejection reasons counted per pool."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Detokenizer:
+    """The job's tokenizer as the coordinator needs it: decode ids to text, and its end-of-sequence ids."""
+
+    decode: Callable[[Sequence[int]], str]
+    """``tokenizer.decode(ids, skip_special_tokens=False)`` — what the backends call."""
+    eos_ids: frozenset[int]
+
+    def problem(
+        self, where: str, token_ids: Sequence[int], completion: str, finish_reason: str | None
+    ) -> Problem | None:
+        """Why the ids of rollout ``where`` are not the stream that produced ``completion``, or None."""
+        last = len(token_ids) - 1
+        for i, token in enumerate(token_ids[:-1]):
+            if token in self.eos_ids:
+                return (
+                    f"{where}.tokenIds[{i}]",
+                    f"end-of-sequence id {token} before the last token (at {i} of {last + 1}): a completion "
+                    "ends at its first end-of-sequence token",
+                )
+        stopped = token_ids[last] in self.eos_ids
+        if finish_reason is not None and (finish_reason == "stop") != stopped:
+            ends = "ends with" if stopped else "does not end with"
+            return (
+                f"{where}.finishReason",
+                f"finishReason {finish_reason!r}, but the token ids {ends} an end-of-sequence id",
+            )
+        text_ids = token_ids[:last] if stopped else token_ids
+        try:
+            decoded = self.decode(text_ids)
+        except Exception as exc:  # ids inside the vocabulary decode; anything else is the worker's fault
+            return f"{where}.tokenIds", f"the token ids do not decode: {exc}"
+        if decoded != completion:
+            return (
+                f"{where}.tokenIds",
+                f"the token ids decode to {_clip(decoded)!r}, not to the completion {_clip(completion)!r}: "
+                "the ids a rollout trains on must be the text that is scored",
+            )
+        return None
+
+
+def version_problem(where: str, claimed: int, known: Collection[int]) -> Problem | None:
+    """Why rollout ``where`` may not claim policy version ``claimed``, given the versions its worker was
+    told to load or reported holding; None if it may."""
+    if claimed in known:
+        return None
+    listed = ", ".join(str(v) for v in sorted(known)[-5:]) or "none"
+    return (
+        f"{where}.policyVersion",
+        f"this worker was never told to load version {claimed} and never reported holding it (latest "
+        f"known: {listed}); report the version the backend holds (loadedVersion in a heartbeat or lease "
+        "request) before submitting its rollouts",
+    )
+
+
+def reason_of(field: str) -> str:
+    """The counted reason of a problem's field."""
+    return "unloadedVersion" if field.endswith(".policyVersion") else "tokenMismatch"
+
+
+@dataclasses.dataclass
+class PoolCounters:
+    """Per-pool counts of rollouts (groups) rejected by the checks above, by reason."""
+
+    counts: dict[str, collections.Counter[str]] = dataclasses.field(
+        default_factory=lambda: collections.defaultdict(collections.Counter)
+    )
+
+    def add(self, pool: str, reason: str) -> None:
+        self.counts[pool][reason] += 1
+
+    def of(self, pool: str) -> dict[str, int]:
+        got = self.counts.get(pool, collections.Counter())
+        return {reason: got[reason] for reason in REASONS}
+
+
+def _clip(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"

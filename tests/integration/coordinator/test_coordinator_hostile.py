@@ -1,0 +1,383 @@
+"""Hostile workers against the real thing: a coordinator process that loads the job's tokenizer, an honest
+``echorl worker`` process, ``echorl trainer`` as a process, and workers built on the client library that
+lie — one per attack, each in pool ``mallory`` (``maxWorkers: 3``, ``maxLeases: 2``):
+
+* **swapper** — samples honestly, then sends the right completion text with other token ids;
+* **liar** — stays on the base model and tags its rollouts with the trainer's newest version, one it
+  was never told to load and never reported holding;
+* **hoarder** — leases all it can and never submits;
+* **fabricator** (a Sequential job of its own, so that every group it submits has staleness 0 and can
+  be checked) — samples honestly but sends made-up behaviour log-probs.
+
+Each attack must be caught where the design says (docs/coordinator.md, "Trust"), and nothing any of
+them sent may reach an optimizer step: the trainer's per-step records name the workers whose rollouts
+it trained on, and the honest worker must be there while no hostile one ever is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from echo_runtime.backends import base as backend_base
+from echo_runtime.backends.transformers import TransformersBackend
+from echo_runtime.coordinator import client, wire
+from echo_runtime.models import build
+from services import procs
+
+pytestmark = pytest.mark.timeout(600)
+
+TRAINER_TOKEN, HONEST_TOKEN, MALLORY_TOKEN = (
+    "hostile-trainer-token-01",
+    "hostile-cpu-token-0001",
+    "mallory-token-00001",
+)
+GROUP, BATCH, NEW_TOKENS = 3, 2, 6
+RETRY = client.RetryPolicy(attempts=3, base=0.05, cap=0.5, deadline=10.0)
+TASK_TIMEOUT_S = 5.0
+"""Short, so that the hoarder's leases run out (and it is caught) while the job runs."""
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(build.init_model("tiny", tmp_path_factory.mktemp("hostile-model") / "tiny", seed=0))
+
+
+@pytest.fixture(scope="module")
+def backend(model_dir: str) -> TransformersBackend:
+    return TransformersBackend(model_dir, device="cpu", threads=1)
+
+
+@dataclasses.dataclass
+class Job:
+    root: Path
+    url: str
+    procs: list[procs.ManagedProcess] = dataclasses.field(default_factory=list)
+
+    def status(self) -> wire.StatusDocument:
+        reply = httpx.get(
+            f"{self.url}/v1/status", headers={"Authorization": f"Bearer {TRAINER_TOKEN}"}, timeout=5
+        )
+        return wire.StatusDocument.model_validate_json(reply.content)
+
+    def hostile(self) -> client.WorkerClient:
+        return client.WorkerClient(
+            self.url, MALLORY_TOKEN, pool="mallory", backend="transformers", device="cpu", dtype="float32",
+            capacity=64, retry=RETRY, timeout=5.0,
+        )  # fmt: skip
+
+    def records(self) -> list[dict[str, Any]]:
+        path = self.root / "trainer.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@contextlib.contextmanager
+def running_job(root: Path, model_dir: str, sync: dict[str, Any], steps: int) -> Iterator[Job]:
+    """Coordinator, honest worker and trainer of one job; everything stopped on the way out."""
+    job = {
+        "apiVersion": "echorl.dev/v1alpha1",
+        "kind": "EchoJob",
+        "metadata": {"name": "hostile"},
+        "spec": {
+            "model": {"path": model_dir, "lora": {"rank": 4, "alpha": 8}},
+            "task": {"name": "arithmetic"},
+            "algorithm": {
+                "groupSize": GROUP, "batchSize": BATCH, "microBatchSize": 6, "learningRate": 0.05,
+                "maxSteps": steps, "sampling": {"maxNewTokens": NEW_TOKENS},
+            },
+            "syncPolicy": sync,
+            "storage": {"type": "Local", "path": str(root / "store")},
+            "trainingSwarm": {"checkpointInterval": 100, "device": "cpu", "threads": 1},
+            "inferenceSwarms": [
+                {"name": "cpu", "capacity": 2},
+                {"name": "mallory", "capacity": 64, "maxWorkers": 3, "maxLeases": 2},
+            ],
+        },
+    }  # fmt: skip
+    (root / "job.yaml").write_text(yaml.safe_dump(job))
+    tokens = {"trainer": TRAINER_TOKEN, "pools": {"cpu": HONEST_TOKEN, "mallory": MALLORY_TOKEN}}
+    (root / "tokens.json").write_text(json.dumps(tokens))
+    port = procs.free_ports(1)[0]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    cli = [sys.executable, "-m", "echo_runtime.cli"]
+    running = Job(root, f"http://127.0.0.1:{port}")
+    coordinator = procs.ManagedProcess(
+        "coordinator",
+        [*cli, "coordinator", "--job", str(root / "job.yaml"), "--tokens-file", str(root / "tokens.json"),
+         "--port", str(port), "--heartbeat-interval", "0.5", "--task-timeout", str(TASK_TIMEOUT_S)],
+        root / "coordinator.log", env=env,
+    )  # fmt: skip
+    running.procs.append(coordinator.start())
+    try:
+        coordinator.wait_healthy(
+            lambda: httpx.get(f"{running.url}/healthz", timeout=2).status_code == 200, 120
+        )
+        worker = procs.ManagedProcess(
+            "worker",
+            [*cli, "worker", "--coordinator", running.url, "--pool", "cpu", "--job", str(root / "job.yaml"),
+             "--device", "cpu", "--threads", "1", "--capacity", "2", "--cache-dir", str(root / "cache")],
+            root / "worker.log", env={**env, "ECHORL_TOKEN": HONEST_TOKEN},
+        )  # fmt: skip
+        running.procs.append(worker.start())
+        trainer = procs.ManagedProcess(
+            "trainer",
+            [*cli, "trainer", "--job", str(root / "job.yaml"), "--coordinator", running.url,
+             "--metrics-file", str(root / "trainer.jsonl"), "--batch-timeout", "300"],
+            root / "trainer.log", env={**env, "ECHORL_TRAINER_TOKEN": TRAINER_TOKEN},
+        )  # fmt: skip
+        running.procs.append(trainer.start())
+        yield running
+    finally:
+        for process in reversed(running.procs):
+            process.stop(grace=10.0)
+
+
+def wait_trainer(job: Job, timeout: float = 400.0) -> None:
+    trainer = job.procs[-1]
+    assert trainer.popen is not None
+    try:
+        code = trainer.popen.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(trainer.describe_failure(f"the trainer did not finish within {timeout:.0f} s"))
+    assert code == 0, trainer.describe_failure(f"the trainer exited with {code}")
+
+
+def sample(
+    backend: TransformersBackend, lock: threading.Lock, task: wire.TaskOut
+) -> list[backend_base.Sample]:
+    params = backend_base.SamplingParams(
+        temperature=task.sampling.temperature,
+        top_p=task.sampling.top_p,
+        max_new_tokens=task.sampling.max_new_tokens,
+    )
+    with lock:
+        return backend.sample([task.prompt], task.group_size, params)[0]
+
+
+def rollouts(
+    samples: list[backend_base.Sample], version: int, **change: Callable[[Any], Any]
+) -> list[wire.RolloutIn]:
+    out = []
+    for s in samples:
+        fields: dict[str, Any] = {
+            "completion": s.text, "token_ids": list(s.completion_ids), "logprobs": list(s.logprobs),
+            "policy_version": version, "finish_reason": s.finish_reason,
+        }  # fmt: skip
+        for name, how in change.items():
+            fields[name] = how(fields[name])
+        out.append(wire.RolloutIn(**fields))
+    return out
+
+
+@dataclasses.dataclass
+class Attack:
+    """What one hostile worker did and what the coordinator answered."""
+
+    worker: str = ""
+    answers: list[str] = dataclasses.field(default_factory=list)
+    """``outcome`` of each accepted submission, or ``status code field`` of each refusal."""
+    most_leases: int = 0
+    errors: list[BaseException] = dataclasses.field(default_factory=list)
+
+
+def attack(body: Callable[[Attack], None], stop: threading.Event) -> tuple[Attack, threading.Thread]:
+    record = Attack()
+
+    def run() -> None:
+        try:
+            body(record)
+        except client.Unauthorized as exc:  # quarantined: the end of this worker
+            record.answers.append(f"{exc.status} {exc.code} {exc.field}")
+        except BaseException as exc:  # surfaced by the tests
+            record.errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return record, thread
+
+
+def submit(w: client.WorkerClient, record: Attack, task_id: str, body: list[wire.RolloutIn]) -> None:
+    try:
+        record.answers.append(w.submit(task_id, body).outcome)
+    except client.CoordinatorError as exc:
+        record.answers.append(f"{exc.status} {exc.code} {exc.field}")
+
+
+# ------------------------------------------------------------------------------------------- scenario A
+@dataclasses.dataclass
+class AsyncOutcome:
+    status: wire.StatusDocument
+    records: list[dict[str, Any]]
+    attacks: dict[str, Attack]
+    fourth: httpx.Response
+    """A registration past the pool's maxWorkers."""
+
+
+@pytest.fixture(scope="module")
+def async_job(
+    tmp_path_factory: pytest.TempPathFactory, model_dir: str, backend: TransformersBackend
+) -> AsyncOutcome:
+    root = tmp_path_factory.mktemp("hostile-async")
+    lock, stop = threading.Lock(), threading.Event()
+    with running_job(root, model_dir, {"mode": "Async", "maxStaleness": 1}, steps=40) as job:
+
+        def swapper(me: Attack) -> None:
+            with job.hostile() as w:
+                me.worker = w.register().worker_id
+                while not stop.is_set():
+                    lease = w.lease(1, wait=1.0, loaded_version=0)
+                    for task in lease.tasks:
+                        bump = lambda ids: [(ids[0] + 1) % 64 + 8, *ids[1:]]  # noqa: E731
+                        submit(w, me, task.task_id, rollouts(sample(backend, lock, task), 0, token_ids=bump))
+
+        def liar(me: Attack) -> None:
+            with job.hostile() as w:
+                reply = w.register()
+                me.worker, known = reply.worker_id, {0, *([reply.load_version] if reply.load_version else [])}
+                while not stop.is_set() and len(me.answers) < 3:
+                    lease = w.lease(1, wait=1.0, loaded_version=0)
+                    if lease.load_version is not None:
+                        known.add(lease.load_version)
+                    for task in lease.tasks:
+                        samples = sample(backend, lock, task)
+                        while not stop.is_set() and job.status().policy_version <= max(known):
+                            time.sleep(0.1)  # hold the lease until the trainer has moved past what it knows
+                            w.heartbeat(0)
+                        submit(w, me, task.task_id, rollouts(samples, job.status().policy_version))
+
+        def hoarder(me: Attack) -> None:
+            with job.hostile() as w:
+                me.worker = w.register().worker_id
+                while not stop.is_set():
+                    w.lease(64, loaded_version=0)
+                    held = job.status().pools["mallory"].leases
+                    me.most_leases = max(me.most_leases, held)
+                    w.heartbeat(0)  # alive, never submitting
+                    time.sleep(0.3)
+
+        attacks = {
+            name: attack(body, stop)
+            for name, body in [("swapper", swapper), ("liar", liar), ("hoarder", hoarder)]
+        }
+        time.sleep(3.0)  # all three registered: the pool is full
+        fourth = httpx.post(
+            f"{job.url}/v1/workers",
+            json={"pool": "mallory", "backend": "transformers", "device": "cpu", "dtype": "float32"},
+            headers={"Authorization": f"Bearer {MALLORY_TOKEN}"},
+            timeout=5,
+        )
+        wait_trainer(job)
+        status = job.status()
+        stop.set()
+        for _, thread in attacks.values():
+            thread.join(timeout=30)
+        return AsyncOutcome(status, job.records(), {k: v[0] for k, v in attacks.items()}, fourth)
+
+
+def trained_on(records: list[dict[str, Any]]) -> set[str]:
+    return {worker for r in records for worker in r["workers"]}
+
+
+def test_right_text_with_other_token_ids_is_refused(async_job: AsyncOutcome) -> None:
+    swapper = async_job.attacks["swapper"]
+    assert not swapper.errors, swapper.errors
+    refused = [
+        a for a in swapper.answers if a.startswith("422 invalid rollouts[") and a.endswith(".tokenIds")
+    ]
+    # Refused submissions leave its leases held and running out: it ends quarantined as a hoarder.
+    assert refused and swapper.answers[len(refused) :] in ([], ["403 quarantined workerId"]), swapper.answers
+    rejected = async_job.status.pools["mallory"].rejected_rollouts
+    assert rejected["tokenMismatch"] == len(refused)
+    assert swapper.worker not in trained_on(async_job.records)
+
+
+def test_a_version_never_loaded_is_refused(async_job: AsyncOutcome) -> None:
+    liar = async_job.attacks["liar"]
+    assert not liar.errors, liar.errors
+    refused = [
+        a for a in liar.answers if a.startswith("422 invalid rollouts[") and a.endswith(".policyVersion")
+    ]
+    # A lease that ran out while it waited for the trainer to move on is refused as not held instead.
+    assert refused and set(liar.answers) <= {*refused, "409 lease_not_held taskId"}, liar.answers
+    assert async_job.status.pools["mallory"].rejected_rollouts["unloadedVersion"] == len(refused)
+    assert liar.worker not in trained_on(async_job.records)
+
+
+def test_lease_hoarding_is_capped_by_the_pool_and_caught(async_job: AsyncOutcome) -> None:
+    hoarder = async_job.attacks["hoarder"]
+    assert not hoarder.errors, hoarder.errors
+    assert 1 <= hoarder.most_leases <= 2  # maxLeases of pool mallory, though it asked for 64 each time
+    caught = {q.id: q for q in async_job.status.quarantined}
+    assert hoarder.worker in caught and "lease hoarding" in caught[hoarder.worker].reason
+    assert hoarder.answers and hoarder.answers[-1] == "403 quarantined workerId"
+    assert hoarder.worker not in trained_on(async_job.records)
+
+
+def test_a_pool_registers_no_more_than_max_workers(async_job: AsyncOutcome) -> None:
+    assert async_job.fourth.status_code == 429, async_job.fourth.text
+    error = async_job.fourth.json()["error"]
+    assert error["field"] == "pool" and "maxWorkers is 3" in error["message"]
+
+
+def test_the_honest_worker_kept_the_job_going(async_job: AsyncOutcome) -> None:
+    records = async_job.records
+    assert [r["policyVersion"] for r in records] == list(range(1, 41))
+    honest = trained_on(records) - {a.worker for a in async_job.attacks.values()}
+    assert len(honest) == 1 and trained_on(records) == honest
+    assert (
+        async_job.status.max_observed_staleness is not None and async_job.status.max_observed_staleness <= 1
+    )
+
+
+# ------------------------------------------------------------------------------------------- scenario B
+def test_made_up_behaviour_log_probs_get_the_worker_quarantined(
+    tmp_path: Path, model_dir: str, backend: TransformersBackend
+) -> None:
+    lock, stop = threading.Lock(), threading.Event()
+    sync = {"mode": "Sequential", "maxStaleness": 0}
+    with running_job(tmp_path, model_dir, sync, steps=8) as job:
+
+        def fabricator(me: Attack) -> None:
+            with job.hostile() as w:
+                me.worker = w.register().worker_id
+                held = 0
+                while not stop.is_set():
+                    lease = w.lease(2, wait=1.0, loaded_version=held)
+                    if lease.load_version is not None:
+                        held = lease.load_version  # claims to load it, keeps sampling the base model
+                        w.heartbeat(held)
+                    for task in lease.tasks:
+                        fake = lambda values: [-0.01] * len(values)  # noqa: E731
+                        submit(
+                            w, me, task.task_id, rollouts(sample(backend, lock, task), held, logprobs=fake)
+                        )
+
+        record, thread = attack(fabricator, stop)
+        wait_trainer(job)
+        status, records = job.status(), job.records()
+        stop.set()
+        thread.join(timeout=30)
+    assert not record.errors, record.errors
+    assert "buffered" in record.answers  # the coordinator cannot tell: the trainer's check must
+    caught = {q.id: q for q in status.quarantined}
+    assert record.worker in caught, (record.answers, status.quarantined)
+    assert caught[record.worker].mismatch is not None and caught[record.worker].mismatch > 0.1
+    assert "behaviour log-probs disagree" in caught[record.worker].reason
+    assert record.answers[-1] == "403 quarantined workerId"
+    assert record.worker not in trained_on(records)
+    assert any(record.worker in r.get("quarantinedWorkers", []) for r in records)
+    assert [r["policyVersion"] for r in records] == list(range(1, 9))
+    assert status.max_observed_staleness == 0
