@@ -3,6 +3,8 @@
 One iteration, on every rank of the data-parallel group (rank 0 alone does the I/O)::
 
     rank 0: batch = coordinator.wait_batch(t)          # long-poll; the prompt text is tokenised here
+    rank 0: verify.check_batch(batch)                   # behaviour log-probs of fresh groups; liars
+                                                        # are quarantined and their groups removed
     all:    plan  = plan_step(batch, staleness policy)  # the trainer's own admission check
     all:    train_step(plan)                            # micro-batches, DDP all-reduce, AdamW
     rank 0: store.publish(t + 1, snapshot files); coordinator.announce(t + 1)
@@ -21,9 +23,16 @@ Promises:
   :func:`echo_runtime.staleness.admit` again here; refused groups are dropped (and logged as
   errors: the coordinator applies the same rule, so any is a bug or a mismatched manifest). A batch with
   nothing admissible stops the trainer with an error rather than asking for the same batch forever.
+* **Nothing a caught worker sent is trained on.** Before a step, the log-probs of random rollouts of
+  every staleness-0 group are recomputed (:mod:`.verify`); a worker above ``maxLogprobMismatch`` is
+  reported to the coordinator (quarantined) and all its groups leave the batch before the optimizer
+  step; a batch left empty is replaced by a new one at the same version.
 * A clean end (``maxSteps`` reached) always leaves a checkpoint of the last version.
 * Each step's metrics go to the log and, when a metrics file is given, as one JSON record
-  (``kind: "trainer"``) per step, including the per-backend log-prob mismatch.
+  (``kind: "trainer"``) per version, including the per-backend log-prob mismatch, the rollouts trained
+  on per worker and the log-prob checks. The record also travels inside the version's snapshot
+  (``trainer-record.json``), so a trainer killed between publishing a version and writing its record
+  writes it when it resumes (marked ``recovered``): every version has exactly one record.
 """
 
 from __future__ import annotations
@@ -42,12 +51,14 @@ from echo_runtime.coordinator import wire
 from echo_runtime.models.prompts import Prompt, PromptStyle
 from echo_runtime.spec.load import ResolvedJob
 from echo_runtime.trainer import checkpoint as ckpt
-from echo_runtime.trainer import distributed, step
+from echo_runtime.trainer import distributed, step, verify
 from echo_runtime.trainer.batch import Batch, batch_from_wire, shard
 from echo_runtime.trainer.policy import TrainablePolicy, load_policy
 
 _log = logging.getLogger(__name__)
 T = TypeVar("T")
+RECORD_FILE = "trainer-record.json"
+"""The step's metrics record, published inside the version's snapshot."""
 
 
 class Coordinator(Protocol):
@@ -58,6 +69,10 @@ class Coordinator(Protocol):
     def wait_batch(
         self, version: int, policy: staleness.StalenessPolicy | None = None, timeout: float | None = None
     ) -> wire.BatchReply: ...
+
+    def quarantine(
+        self, worker_id: str, reason: str, *, version: int, mismatch: float | None = None
+    ) -> Any: ...
 
 
 class Store(Protocol):
@@ -128,6 +143,8 @@ def run(
         cache_dir = options.cache_dir or Path(scratch) / "cache"
         trainer = Trainer.build(job, world, model_dir)
         start = resume_from_store(trainer, store, world, options.resume, cache_dir)
+        if world.is_main and store is not None and options.metrics_path is not None:
+            recover_record(store, options.metrics_path, start, cache_dir)
         module = distributed.wrap(trainer.policy.model, world)
         policy_rule = staleness.StalenessPolicy.from_spec(job.sync_policy)
         config = step.StepConfig.from_algorithm(algorithm)
@@ -143,7 +160,7 @@ def run(
                 coordinator.announce(version)
             while version < max_steps:
                 waited = time.perf_counter()
-                batch = _next_batch(trainer, coordinator, world, version, options.batch_timeout_s)
+                batch, checked = _next_batch(trainer, coordinator, world, version, options.batch_timeout_s)
                 waited = time.perf_counter() - waited
                 plan = step.plan_step(batch, policy_rule)
                 _check_plan(plan)
@@ -158,14 +175,17 @@ def run(
                 )
                 version += 1
                 timings = {"batchSeconds": waited, "publishSeconds": 0.0, "checkpointSeconds": 0.0}
+                record = metrics_record(metrics, timings, checked, trainer)
                 if world.is_main:
                     assert store is not None and coordinator is not None
-                    timings["publishSeconds"] = publish_version(trainer, store, coordinator, version, scratch)
+                    timings["publishSeconds"] = publish_version(
+                        trainer, store, coordinator, version, scratch, record=record
+                    )
                 if version % interval == 0 or version == max_steps:
                     timings["checkpointSeconds"] = checkpoint_version(trainer, store, world, version, scratch)
                 done.append(metrics)
                 if world.is_main:
-                    record = metrics_record(metrics, timings)
+                    record = {**record, **timings}
                     _log.info("step %s", json.dumps(record, sort_keys=True))
                     if metrics_file is not None:
                         metrics_file.write(json.dumps(record, sort_keys=True) + "\n")
@@ -189,6 +209,32 @@ class Trainer:
     base_model: str
     encode: Callable[[Prompt], Sequence[int]]
     """A group's prompt (text or chat messages) to ids: the workers' own function and prompt style."""
+    checks: verify.WorkerStats = dataclasses.field(default_factory=verify.WorkerStats)
+    """The log-prob checks per worker, over the run."""
+    quarantined: set[str] = dataclasses.field(default_factory=set)
+    """Workers caught lying; their groups never reach a step."""
+
+    def check(self, batch: Batch, coordinator: Coordinator) -> tuple[Batch, verify.Checked | None]:
+        """Check ``batch``'s fresh groups (:mod:`.verify`); quarantine the workers caught, through the
+        coordinator; return the batch without any group of a quarantined worker."""
+        batch = verify.without(batch, self.quarantined)
+        sync = self.job.sync_policy
+        if sync.logprob_checks_per_group == 0:
+            return batch, None
+        checked = verify.check_batch(
+            self.policy,
+            batch,
+            checks=sync.logprob_checks_per_group,
+            bound=sync.max_logprob_mismatch,
+            temperature=self.job.spec.algorithm.sampling.temperature,
+        )
+        self.checks.add(checked)
+        for worker, worst in checked.caught().items():
+            reason = verify.Checked.reason(worst, checked.bound, batch.version)
+            _log.error("quarantining worker %s: %s", worker, reason)
+            coordinator.quarantine(worker, reason, version=batch.version, mismatch=worst.mean_abs)
+            self.quarantined.add(worker)
+        return verify.without(batch, self.quarantined), checked
 
     @classmethod
     def build(cls, job: ResolvedJob, world: distributed.World, model_dir: str | None) -> Trainer:
@@ -301,16 +347,23 @@ def _next_batch(
     world: distributed.World,
     version: int,
     timeout: float | None,
-) -> Batch:
-    """Rank 0 fetches the batch for ``version`` and broadcasts it to every rank."""
+) -> tuple[Batch, verify.Checked | None]:
+    """Rank 0 fetches the batch for ``version``, checks it, and broadcasts it to every rank."""
 
-    def fetch() -> Batch:
+    def fetch() -> tuple[Batch, verify.Checked | None]:
         assert coordinator is not None
-        reply = coordinator.wait_batch(version, timeout=timeout)
-        if reply.version != version:
-            raise RuntimeError(f"asked for the batch at version {version}, got one for {reply.version}")
-        groups = [g.model_dump(by_alias=True) for g in reply.groups]
-        return batch_from_wire(version, groups, trainer.encode)
+        while True:
+            reply = coordinator.wait_batch(version, timeout=timeout)
+            if reply.version != version:
+                raise RuntimeError(f"asked for the batch at version {version}, got one for {reply.version}")
+            groups = [g.model_dump(by_alias=True) for g in reply.groups]
+            batch, checked = trainer.check(batch_from_wire(version, groups, trainer.encode), coordinator)
+            if batch.groups:
+                return batch, checked
+            _log.warning(
+                "every group of the batch for version %d came from quarantined workers; asking for another",
+                version,
+            )
 
     return _from_main(world, fetch)
 
@@ -333,12 +386,23 @@ def staleness_error(plan: step.Plan) -> RuntimeError:
 
 
 def publish_version(
-    trainer: Trainer, store: Store, coordinator: Coordinator, version: int, scratch: str
+    trainer: Trainer,
+    store: Store,
+    coordinator: Coordinator,
+    version: int,
+    scratch: str,
+    *,
+    record: dict[str, Any] | None = None,
 ) -> float:
-    """Export, publish, then announce ``version`` (publish-then-pointer); returns the seconds it took."""
+    """Export, publish, then announce ``version`` (publish-then-pointer); returns the seconds it took.
+    ``record`` (the step's metrics) travels inside the snapshot as :data:`RECORD_FILE`."""
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=scratch, prefix=f"snapshot-{version}-") as out:
-        files = trainer.policy.export_snapshot(out)
+        files = dict(trainer.policy.export_snapshot(out))
+        if record is not None:
+            path = Path(out) / RECORD_FILE
+            path.write_text(json.dumps(record, sort_keys=True), encoding="utf-8")
+            files[RECORD_FILE] = path
         store.publish(version, files, kind=trainer.policy.snapshot_kind, base_model=trainer.base_model)
     coordinator.announce(version)
     return time.perf_counter() - started
@@ -359,8 +423,45 @@ def checkpoint_version(
     return time.perf_counter() - started
 
 
-def metrics_record(metrics: step.StepMetrics, timings: dict[str, float]) -> dict[str, Any]:
+def recover_record(store: Store, metrics_path: Path, version: int, cache_dir: Path) -> bool:
+    """Append the record of ``version`` from its snapshot if the metrics file lacks it (the previous
+    trainer was killed between publishing it and writing the record); True if it did."""
+    if version < 1:
+        return False
+    if metrics_path.exists():
+        for line in metrics_path.read_text(encoding="utf-8").splitlines():
+            try:
+                if json.loads(line).get("policyVersion") == version:
+                    return False
+            except json.JSONDecodeError:
+                continue
+    try:
+        found = store.fetch(version, cache_dir / "snapshots") / RECORD_FILE
+        record = json.loads(found.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        _log.warning("version %d has no trainer record and none in its snapshot (%s)", version, exc)
+        return False
+    with metrics_path.open("a", encoding="utf-8") as out:
+        out.write(json.dumps({**record, "recovered": True}, sort_keys=True) + "\n")
+    _log.info(
+        "wrote the record of version %d from its snapshot (the previous trainer stopped before)", version
+    )
+    return True
+
+
+def metrics_record(
+    metrics: step.StepMetrics,
+    timings: dict[str, float],
+    checked: verify.Checked | None = None,
+    trainer: Trainer | None = None,
+) -> dict[str, Any]:
     """The ``kind: "trainer"`` record of one step (camelCase, as the run's ``metrics.jsonl`` holds them)."""
+    checks: dict[str, Any] = {}
+    if checked is not None and trainer is not None:
+        checks = {
+            "logprobChecks": trainer.checks.record(sorted({c.worker for c in checked.groups})),
+            "quarantinedWorkers": sorted(trainer.quarantined),
+        }
     return {
         "kind": "trainer",
         "unixTime": time.time(),
@@ -382,6 +483,8 @@ def metrics_record(metrics: step.StepMetrics, timings: dict[str, float]) -> dict
         "droppedGroups": metrics.dropped_groups,
         "weightedGroups": metrics.weighted_groups,
         "maxStaleness": metrics.max_staleness,
+        "workers": dict(metrics.workers),
+        **checks,
         "logprobMismatch": {
             name: {
                 "sequences": m.sequences,

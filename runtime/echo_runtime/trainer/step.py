@@ -128,6 +128,8 @@ class Plan:
     total_tokens: int
     backends: tuple[str, ...]
     """Backend names of the admitted rollouts, sorted (fixes the layout of the mismatch metrics)."""
+    workers: tuple[tuple[str, int], ...] = ()
+    """``(worker id, rollouts)`` of the admitted groups, sorted: whose rollouts this step trains on."""
 
 
 def plan_step(batch: Batch, policy: staleness.StalenessPolicy) -> Plan:
@@ -135,6 +137,7 @@ def plan_step(batch: Batch, policy: staleness.StalenessPolicy) -> Plan:
     slots: list[Slot] = []
     dropped: list[Dropped] = []
     rewards: list[float] = []
+    per_worker: dict[str, int] = {}
     weighted = 0
     max_seen: int | None = None
     for group in batch.groups:
@@ -147,6 +150,7 @@ def plan_step(batch: Batch, policy: staleness.StalenessPolicy) -> Plan:
         group_rewards = [r.reward for r in group.rollouts]
         advantages = loss.group_advantages(torch.tensor([group_rewards], dtype=torch.float64))[0].tolist()
         rewards.extend(group_rewards)
+        per_worker[group.worker] = per_worker.get(group.worker, 0) + len(group.rollouts)
         slots.extend(
             Slot(rollout=r, advantage=a, decoupled=verdict.importance_weighted)
             for r, a in zip(group.rollouts, advantages, strict=True)
@@ -161,6 +165,7 @@ def plan_step(batch: Batch, policy: staleness.StalenessPolicy) -> Plan:
         reward_mean=sum(rewards) / len(rewards) if rewards else None,
         total_tokens=sum(len(s.rollout.completion_ids) for s in slots),
         backends=tuple(sorted({s.rollout.backend for s in slots})),
+        workers=tuple(sorted(per_worker.items())),
     )
 
 
@@ -214,6 +219,8 @@ class StepMetrics:
     seconds: float
     learning_rate: float | None = None
     """The rate this step ran at (``lrSchedule``); None when the caller manages the optimizer's rate."""
+    workers: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Rollouts trained on, per worker id."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -409,4 +416,5 @@ def _metrics(
         max_staleness=plan.max_staleness,
         mismatch=mismatch,
         seconds=seconds,
+        workers=dict(plan.workers),
     )

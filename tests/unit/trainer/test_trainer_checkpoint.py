@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from echo_runtime.backends import snapshot_files
 from echo_runtime import staleness
+from echo_runtime.backends import snapshot_files
 from echo_runtime.trainer import checkpoint as ckpt
 from echo_runtime.trainer import step
 from echo_runtime.trainer.batch import Batch
