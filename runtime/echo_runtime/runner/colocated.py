@@ -46,9 +46,8 @@ from typing import Any
 
 import torch
 
-from echo_runtime import spec
+from echo_runtime import spec, staleness
 from echo_runtime.backends import base as backend_base
-from echo_runtime import staleness
 from echo_runtime.runner import local, metrics
 from echo_runtime.tasks import base as tasks_base
 
@@ -64,6 +63,9 @@ class _NoCoordinator:
 
     def wait_batch(self, version: int, policy: Any = None, timeout: float | None = None) -> Any:
         raise NotImplementedError("a Colocated run samples its own batches")
+
+    def quarantine(self, worker_id: str, reason: str, *, version: int, mismatch: float | None = None) -> None:
+        raise NotImplementedError("a Colocated run has no workers to quarantine")
 
 
 def sampling_seed(seed: int, version: int) -> int:
@@ -211,7 +213,7 @@ class ColocatedRun(local.LocalRun):
         def emit(record: dict[str, Any]) -> None:
             log.write(record)
             if record["kind"] == "status":
-                bar.update_to(record["policyVersion"], record, accuracy[0])
+                bar.update_to(record["policyVersion"], record, accuracy[0], {})
             drain_evals()
 
         try:

@@ -11,8 +11,13 @@ The embedded default (DESIGN.md). Layout of a run directory (``runs/<job>/`` by 
     logs/           one log per process: coordinator, trainer, evaluator, <pool>-<i>
     workers/        per-worker timing (load vs sample seconds)
 
-Promises: every child process is stopped when the run ends, fails or is interrupted (Ctrl-C, or a
-SIGTERM such as ``kill`` or a timeout sends, which is handled the same way); a run directory
+Promises: a process that dies before the run is over — the coordinator, a worker, the evaluator, or
+the trainer with an error — is restarted with a growing delay, like a pod (:mod:`.restarts`): the
+coordinator on the same port (workers and the trainer reconnect by themselves), the trainer with
+``--resume`` (it continues from the newest published version and checkpoint, so no version is
+published twice); restarts are counted in the progress line and in ``summary.json``. Every child process
+is stopped when the run ends, fails or is interrupted (Ctrl-C, or a SIGTERM such as ``kill`` or a
+timeout sends, which is handled the same way); a run directory
 or a snapshot store that already holds a job's versions is never silently overwritten (``--resume``
 continues it, ``--fresh`` deletes it first); ``summary.json`` is written even after Ctrl-C.
 """
@@ -34,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from echo_runtime import spec
-from echo_runtime.runner import metrics, plots
+from echo_runtime.runner import metrics, plots, restarts
 from echo_runtime.runner.procs import Child, NotHealthy, Processes, wait_healthy
 
 ECHORL = [sys.executable, "-m", "echo_runtime.cli"]
@@ -104,6 +109,7 @@ class LocalRun:
         self.t0 = time.time()
         self.elapsed_before = 0.0
         self._offsets: dict[Path, int] = {}
+        self.restarts = restarts.Restarts()
 
     # ------------------------------------------------------------------------------ preparation
     def prepare(self) -> None:
@@ -135,9 +141,14 @@ class LocalRun:
             )
         self.dir.mkdir(parents=True, exist_ok=True)
         if self.options.resume:
-            # Continue the wall-clock where the previous attempt stopped, so curves stay comparable.
+            # Continue the wall-clock where the previous attempt stopped, so curves stay comparable,
+            # and follow the processes' own files from where metrics.jsonl already has them.
             previous = metrics.read_records(self.dir / "metrics.jsonl")
             self.elapsed_before = max((float(r.get("time", 0.0)) for r in previous), default=0.0)
+            for name in ("eval.jsonl", "trainer.jsonl"):
+                path = self.dir / name
+                if path.exists():
+                    self._offsets[path] = _complete_length(path)
         shutil.copyfile(self.source, self.dir / "job.yaml")
         from echo_runtime.coordinator import auth
 
@@ -310,7 +321,8 @@ class LocalRun:
         return out
 
     def monitor(self) -> int:
-        """Follow the run until the trainer finishes; return the trainer's exit code."""
+        """Follow the run until the trainer finishes cleanly, restarting what dies on the way; returns 0
+        (:class:`RunError` when a process keeps dying right after its restarts)."""
         from echo_runtime.coordinator import client as coord
 
         log = metrics.MetricsLog(self.dir / "metrics.jsonl")
@@ -319,56 +331,67 @@ class LocalRun:
         )
         bar = _Bar(self.max_steps, enabled=self.options.progress)
         accuracy: float | None = None
-        trainer = self.procs.children["trainer"]
-        restarts: dict[str, int] = {}
+        due: dict[str, float] = {}
+        """Processes waiting to be restarted, and when."""
+        for name in self.procs.children:
+            self.restarts.started(name, time.monotonic())
         try:
             while True:
                 now = time.time() - self.t0
                 with contextlib.suppress(coord.CoordinatorError):
                     doc = status_client.status().model_dump(by_alias=True, mode="json")
                     log.write({"kind": "status", "time": now, **doc})
-                    bar.update_to(doc["policyVersion"], doc, accuracy)
+                    bar.update_to(doc["policyVersion"], doc, accuracy, self.restarts.counts())
                 for record in self._tail(self.dir / "eval.jsonl"):
                     log.write(record)
                     accuracy = record["heldoutAccuracy"]
                 for record in self._tail(self.dir / "trainer.jsonl"):
                     stamped = float(record.get("unixTime", self.t0 + now)) - self.t0
                     log.write({**record, "kind": "trainer", "time": stamped})
-                if trainer.returncode is not None:
-                    return trainer.returncode
+                if self.procs.children["trainer"].returncode == 0 and "trainer" not in due:
+                    return 0
+                clock = time.monotonic()
                 for child in self.procs.exited():
-                    self._on_exit(child, restarts)
+                    if child.name not in due and not self._finished(child):
+                        due[child.name] = clock + self._on_exit(child, clock)
+                for name, at in list(due.items()):
+                    if clock >= at:
+                        del due[name]
+                        self._restart(name, clock)
                 time.sleep(self.options.status_interval_s)
         finally:
             bar.close()
             status_client.close()
             log.close()
 
-    def _on_exit(self, child: Child, restarts: dict[str, int]) -> None:
-        if child.name == "coordinator":
-            raise RunError(f"the coordinator exited with code {child.returncode}:\n{child.log_tail()}")
-        if child.name == "evaluator":
-            if child.returncode != 0:
-                raise RunError(f"the evaluator exited with code {child.returncode}:\n{child.log_tail()}")
-            return
-        if child.name != "trainer":  # a worker: restart it, a few times
-            count = restarts.get(child.name, 0)
-            if count >= 3:
-                raise RunError(
-                    f"worker {child.name} keeps exiting (code {child.returncode}):\n{child.log_tail()}"
-                )
-            restarts[child.name] = count + 1
-            self.echo(f"worker {child.name} exited with code {child.returncode}; restarting it")
-            self.procs.start(
-                child.name,
-                child.argv,
-                env={
-                    k: v
-                    for k, v in os.environ.items()
-                    if k.startswith("ECHORL_") or k.endswith("_NUM_THREADS")
-                }
-                | _worker_token_env(self.tokens, child.name),
-            )
+    def _finished(self, child: Child) -> bool:
+        """An exit that is the end of the process's work, not a failure."""
+        return child.returncode == 0 and child.name in ("trainer", "evaluator")
+
+    def _on_exit(self, child: Child, clock: float) -> float:
+        """A process died: the seconds until its restart (:class:`RunError` if it keeps dying)."""
+        try:
+            delay = self.restarts.on_exit(child.name, clock)
+        except restarts.GaveUp as exc:
+            raise RunError(f"{exc}; last exit code {child.returncode}:\n{child.log_tail()}") from None
+        count = self.restarts.counts().get(child.name, 0)
+        self.echo(
+            f"{child.name} exited with code {child.returncode}; restarting it in {delay:.0f}s "
+            f"(restart {count}; log: {child.log_path})"
+        )
+        return delay
+
+    def _restart(self, name: str, clock: float) -> None:
+        old = self.procs.children[name]
+        self.procs.stop(name, grace_s=0.0)  # what is left of its process group (the coordinator's scorers)
+        argv = list(old.argv)
+        if name == "trainer" and "--resume" not in argv:
+            argv.append("--resume")  # continue from the newest published version and checkpoint
+        self.procs.start(name, argv, env=old.env)
+        self.restarts.started(name, clock)
+        if name == "coordinator":
+            with contextlib.suppress(RunError):  # if it dies again, the next pass restarts it
+                self._wait_healthy(timeout_s=60.0)
 
     def finish(self, evaluator_timeout_s: float = 600.0) -> dict[str, Any]:
         """Wait for the final evaluation, stop everything, write summary.json and the plots."""
@@ -391,32 +414,45 @@ class LocalRun:
         summary["mode"] = self.job.sync_policy.mode
         summary["maxStalenessSetting"] = self.job.sync_policy.max_staleness
         summary["workerTiming"] = _worker_timing(self.dir / "workers")
+        summary["restarts"] = self.restarts.counts()
         (self.dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
         with contextlib.suppress(Exception):  # plots are a convenience; never lose the summary to them
             plots.plot_run(records, self.dir, self.job.name)
         return summary
 
 
-def _worker_token_env(tokens: dict[str, Any], child_name: str) -> dict[str, str]:
-    pool = child_name.rsplit("-", 1)[0]
-    return {"ECHORL_TOKEN": tokens["pools"][pool]}
+def _complete_length(path: Path) -> int:
+    """Bytes of ``path`` up to and including its last newline (complete JSON lines)."""
+    data = path.read_bytes()
+    return data.rfind(b"\n") + 1
 
 
 def _worker_timing(directory: Path) -> dict[str, Any]:
-    """Per-worker load / sample / wall seconds from the workers' timing files (last record each)."""
+    """Per-worker load / sample / wall seconds from the workers' timing files, added up over the
+    worker's incarnations (a restarted or resumed worker appends to the same file, its clock from 0)."""
     out: dict[str, Any] = {}
     for path in sorted(directory.glob("*.jsonl")):
-        records = metrics.read_records(path)
-        if records:
-            last = records[-1]
-            wall = float(last.get("time", 0.0)) or None
-            out[path.stem] = {
-                "wallSeconds": wall,
-                "loadSeconds": last.get("loadSeconds"),
-                "sampleSeconds": last.get("sampleSeconds"),
-                "rollouts": last.get("rollouts"),
-                "loadFraction": (float(last.get("loadSeconds", 0.0)) / wall) if wall else None,
-            }
+        ends: list[dict[str, Any]] = []
+        previous = -1.0
+        for record in metrics.read_records(path):
+            at = float(record.get("time", 0.0))
+            if at < previous or not ends:
+                ends.append(record)  # a new incarnation
+            else:
+                ends[-1] = record
+            previous = at
+        if not ends:
+            continue
+        wall = sum(float(r.get("time", 0.0)) for r in ends)
+        load = sum(float(r.get("loadSeconds", 0.0)) for r in ends)
+        out[path.stem] = {
+            "wallSeconds": wall or None,
+            "loadSeconds": load,
+            "sampleSeconds": sum(float(r.get("sampleSeconds", 0.0)) for r in ends),
+            "rollouts": sum(int(r.get("rollouts", 0)) for r in ends),
+            "loadFraction": load / wall if wall else None,
+            "incarnations": len(ends),
+        }
     return out
 
 
@@ -429,7 +465,9 @@ class _Bar:
         )
         self._n = 0
 
-    def update_to(self, version: int, doc: dict[str, Any], accuracy: float | None) -> None:
+    def update_to(
+        self, version: int, doc: dict[str, Any], accuracy: float | None, restarted: dict[str, int]
+    ) -> None:
         if version > self._n:
             self._bar.update(version - self._n)
             self._n = version
@@ -440,6 +478,7 @@ class _Bar:
             rps=f"{doc.get('rolloutsPerSecond', 0.0):.1f}",
             stale=f"{doc.get('maxObservedStaleness')}/{doc.get('maxStaleness')}",
             dropped=doc.get("droppedStale", 0),
+            **({"restarts": ",".join(f"{k}:{v}" for k, v in restarted.items())} if restarted else {}),
             refresh=False,
         )
 

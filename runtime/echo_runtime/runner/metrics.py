@@ -8,7 +8,10 @@ Records are JSON objects with a ``kind``:
   process; ``publishedAt`` is when that version was published, which is the wall-clock that counts);
 * ``trainer`` — one optimizer step as the trainer reports it (``stepSeconds``, ``loss``, ...).
 
-:func:`summarise` is pure: the same records always give the same summary.
+:func:`summarise` is pure: the same records always give the same summary. It stays true across
+restarts and ``--resume``: a version's last ``trainer`` or ``eval`` record stands for it (a resumed
+process may report a version again), and the coordinator's counters, which start again from 0 when it
+restarts (a new ``epoch`` in its status), are added up over its incarnations.
 """
 
 from __future__ import annotations
@@ -59,24 +62,64 @@ def time_to_target(evals: Iterable[Record], target: float) -> tuple[float | None
     return None, None
 
 
+COUNTERS = (
+    "droppedStale",
+    "weightedStale",
+    "consumedGroups",
+    "generatedGroups",
+    "droppedQuarantined",
+    "requeuedPrompts",
+    "verifierTimeouts",
+    "verifierErrors",
+)
+"""Coordinator status counters that a restart resets (summed over its incarnations)."""
+
+
+def by_version(records: Iterable[Record]) -> list[Record]:
+    """One record per ``policyVersion`` — the last one — in version order."""
+    latest: dict[int, Record] = {}
+    for record in records:
+        latest[int(record["policyVersion"])] = record
+    return [latest[v] for v in sorted(latest)]
+
+
+def coordinator_totals(status: list[Record]) -> dict[str, Any]:
+    """The coordinator's counters over the run: the last sample of each incarnation (``epoch``), added."""
+    last_of: dict[str, Record] = {}
+    for record in status:
+        last_of[str(record.get("epoch", ""))] = record
+    totals: dict[str, Any] = {name: sum(int(r.get(name, 0)) for r in last_of.values()) for name in COUNTERS}
+    histogram: dict[int, int] = {}
+    for record in last_of.values():
+        for k, v in (record.get("stalenessHistogram") or {}).items():
+            histogram[int(k)] = histogram.get(int(k), 0) + int(v)
+    totals["stalenessHistogram"] = {str(k): histogram[k] for k in sorted(histogram)}
+    observed = [
+        r["maxObservedStaleness"] for r in last_of.values() if r.get("maxObservedStaleness") is not None
+    ]
+    totals["maxObservedStaleness"] = max(observed) if observed else None
+    totals["coordinatorIncarnations"] = len(last_of)
+    return totals
+
+
 def summarise(records: Iterable[Record], target_accuracy: float | None = None) -> dict[str, Any]:
     """The run's summary: progress, accuracy, throughput and the staleness actually consumed."""
     records = list(records)
     status = [r for r in records if r.get("kind") == "status"]
-    evals = sorted((r for r in records if r.get("kind") == "eval"), key=lambda r: r["policyVersion"])
-    steps = [r for r in records if r.get("kind") == "trainer"]
+    evals = by_version(r for r in records if r.get("kind") == "eval")
+    steps = by_version(r for r in records if r.get("kind") == "trainer")
     last = status[-1] if status else {}
     wall = max((float(r.get("time", 0.0)) for r in records), default=0.0)
     busy = sum(float(r.get("stepSeconds", 0.0)) for r in steps)
+    totals = coordinator_totals(status)
+    generated = totals["generatedGroups"]
     summary: dict[str, Any] = {
         "wallClockSeconds": wall,
         "policyVersion": last.get("policyVersion"),
-        "maxObservedStaleness": last.get("maxObservedStaleness"),
         "maxStaleness": last.get("maxStaleness"),
-        "stalenessHistogram": last.get("stalenessHistogram", {}),
-        "droppedStale": last.get("droppedStale", 0),
-        "weightedStale": last.get("weightedStale", 0),
-        "consumedGroups": last.get("consumedGroups", 0),
+        **totals,
+        "droppedFraction": totals["droppedStale"] / generated if generated else None,
+        "trainerRecords": len(steps),
         "rolloutsPerSecond": _mean(r.get("rolloutsPerSecond") for r in status),
         "reward": last.get("reward"),
         "trainerBusyFraction": busy / wall if wall > 0 else None,

@@ -27,6 +27,8 @@ class Child:
     proc: subprocess.Popen[bytes]
     log_path: Path
     log_file: IO[bytes]
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    """The environment it was started with on top of the runner's (to restart it the same way)."""
 
     @property
     def returncode(self) -> int | None:
@@ -63,7 +65,7 @@ class Processes:
             env=full_env,
             start_new_session=True,  # its own process group: signals reach its children too
         )
-        child = Child(name, list(argv), proc, log_path, log_file)
+        child = Child(name, list(argv), proc, log_path, log_file, dict(env or {}))
         self.children[name] = child
         return child
 
