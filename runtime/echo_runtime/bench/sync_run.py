@@ -114,7 +114,7 @@ def manifest_for(
     return doc
 
 
-def _load_job_document(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def load_job_document(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The EchoJob of ``path`` and any other documents (referenced objects travel unchanged)."""
     docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
     jobs = [d for d in docs if d.get("kind") == "EchoJob"]
@@ -133,7 +133,7 @@ def _finished(run_dir: Path, max_steps: int | None) -> bool:
 
 def run_grid(options: Options, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run every (seed, configuration) not yet finished, then aggregate and plot; return results."""
-    base, others = _load_job_document(options.job)
+    base, others = load_job_document(options.job)
     options.out.mkdir(parents=True, exist_ok=True)
     store = (options.out / "store").resolve()
     total = len(options.configs) * options.seeds

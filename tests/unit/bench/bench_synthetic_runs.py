@@ -124,6 +124,7 @@ def write_run(
                 "rolloutsPerSecond": float(rate),
                 "workers": registered,
                 "policyVersion": sum(1 for s in trace.steps if s[0] + sum(s[1:4]) <= at),
+                "pacing": truth.pacing,  # the coordinator's status says whether it paced
             }
         )
     for start, step_s, publish_s, checkpoint_s, version in trace.steps:

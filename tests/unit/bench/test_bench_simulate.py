@@ -313,14 +313,14 @@ def test_a_generation_longer_than_the_task_timeout_is_wasted_and_reissued() -> N
     assert_books_balance(result)
 
 
-def test_slow_groups_beyond_the_bound_are_dropped_and_counted() -> None:
-    """Supply below demand, so nothing queues: a version every ~4 s. A class that takes 15 s per group
-    (≥ 3 versions) contributes nothing at Δmax 0 (all dropped on arrival) and a good share at Δmax 4 — not
-    most: a worker reloads only once its version breaks the bound, so it starts a group with a version
-    already up to 4 behind (docs/simulate.md, "What the simulator shows")."""
+def test_slow_groups_beyond_the_bound_are_dropped_and_counted_without_pacing() -> None:
+    """A coordinator without pacing. Supply below demand, so nothing queues: a version every ~4 s. A class
+    that takes 15 s per group (≥ 3 versions) contributes nothing at Δmax 0 (all dropped on arrival) and a
+    good share at Δmax 4 — not most: a worker reloads only once its version breaks the bound, so it starts
+    a group with a version already up to 4 behind (docs/simulate.md, "What the simulator shows")."""
     classes = (WorkerClass("fast", 1, 4.0), WorkerClass("slow", 4, 15.0))
     trainer = TrainerConfig(step_seconds=1.0, publish_seconds=0.5)
-    common: dict[str, Any] = {"batch_size": 2, "buffer_size": 20, "duration_seconds": 3000}
+    common: dict[str, Any] = {"batch_size": 2, "buffer_size": 20, "duration_seconds": 3000, "pacing": False}
     strict = simulate(config(*classes, trainer=trainer, max_staleness=0, **common))
     loose = simulate(config(*classes, trainer=trainer, max_staleness=4, **common))
     assert strict.classes["slow"].consumed_groups == 0
@@ -330,18 +330,15 @@ def test_slow_groups_beyond_the_bound_are_dropped_and_counted() -> None:
     assert loose.trainer_busy_fraction > strict.trainer_busy_fraction
 
 
-def test_slow_leases_can_hold_a_small_buffer_and_stall_the_trainer() -> None:
-    """The capacity bounds pending + leased + buffered tasks: with the default buffer (2 × batch = 4)
-    four slow workers can hold every lease, so the trainer waits for their 15 s groups — which are then
-    fresh, because t_train could not move meanwhile."""
+def test_slow_leases_can_hold_a_small_buffer_and_stall_the_trainer_without_pacing() -> None:
+    """A coordinator without pacing: the capacity bounds pending + leased + buffered tasks; with the
+    default buffer (2 × batch = 4) four slow workers can hold every lease, so the trainer waits for their
+    15 s groups — which are then fresh, because t_train could not move meanwhile."""
     classes = (WorkerClass("fast", 2, 1.0), WorkerClass("slow", 4, 15.0))
     trainer = TrainerConfig(step_seconds=4.0, publish_seconds=1.0)
-    small = simulate(config(*classes, trainer=trainer, max_staleness=0, batch_size=2, duration_seconds=2000))
-    large = simulate(
-        config(
-            *classes, trainer=trainer, max_staleness=0, batch_size=2, buffer_size=50, duration_seconds=2000
-        )
-    )
+    common: dict[str, Any] = {"max_staleness": 0, "batch_size": 2, "duration_seconds": 2000, "pacing": False}
+    small = simulate(config(*classes, trainer=trainer, **common))
+    large = simulate(config(*classes, trainer=trainer, buffer_size=50, **common))
     assert small.classes["slow"].consumed_groups > 0
     assert small.trainer_busy_fraction < 0.9 * large.trainer_busy_fraction
 
@@ -410,3 +407,39 @@ def test_result_mapping_is_json_ready() -> None:
     assert doc["config"]["workerClasses"][0]["downloadMBps"] == "inf"
     assert set(doc["groups"]) >= {"created", "consumed", "droppedStale", "wasted", "lostInFlight"}
     assert dataclasses.asdict(result.groups)["created"] == doc["groups"]["created"]
+
+
+@pytest.mark.parametrize("dmax", [0, 1, 2, 4])
+def test_pacing_drops_nothing_from_workers_faster_than_the_trainer(dmax: int) -> None:
+    """Four workers that each finish a group in 0.2 s feed a trainer that steps every 3.2 s: without
+    pacing they refill the buffer at a version that goes stale before it is consumed; with it they lease
+    only what is consumed in bound, so nothing is dropped, less is generated, and the steps are no
+    fewer (the CPU not spent on doomed groups is the trainer's here only in the real runs)."""
+    classes = (WorkerClass("fast", 4, 0.2),)
+    trainer = TrainerConfig(step_seconds=3.0, publish_seconds=0.2)
+    common: dict[str, Any] = {"max_staleness": dmax, "batch_size": 8, "duration_seconds": 600}
+    paced = simulate(config(*classes, trainer=trainer, **common))
+    unpaced = simulate(config(*classes, trainer=trainer, pacing=False, **common))
+    assert_books_balance(paced)
+    assert paced.groups.dropped_stale == 0 and unpaced.groups.dropped_stale > 0.25 * unpaced.groups.generated
+    assert paced.groups.generated < unpaced.groups.generated
+    assert paced.steps >= unpaced.steps
+
+
+def test_pacing_with_slow_workers_trades_waste_for_waiting() -> None:
+    """The slow class of the test above, paced. At Δmax 4 fewer groups are dropped and the trainer gets
+    further; at Δmax 0 no slow group is dropped at all — pacing leases only what the next step consumes —
+    but the trainer then waits for the slow groups it leased out (docs/simulate.md)."""
+    classes = (WorkerClass("fast", 1, 4.0), WorkerClass("slow", 4, 15.0))
+    trainer = TrainerConfig(step_seconds=1.0, publish_seconds=0.5)
+    common: dict[str, Any] = {"batch_size": 2, "buffer_size": 20, "duration_seconds": 3000}
+    paced = {d: simulate(config(*classes, trainer=trainer, max_staleness=d, **common)) for d in (0, 4)}
+    unpaced = {
+        d: simulate(config(*classes, trainer=trainer, max_staleness=d, pacing=False, **common)) for d in (0, 4)
+    }
+    for result in paced.values():
+        assert_books_balance(result)
+    assert paced[4].groups.dropped_stale < unpaced[4].groups.dropped_stale
+    assert paced[4].steps > unpaced[4].steps
+    assert paced[0].groups.dropped_stale == 0 < paced[0].classes["slow"].consumed_groups
+    assert paced[0].steps < unpaced[0].steps

@@ -170,6 +170,10 @@ class SimConfig:
     lease_wait: float = 2.0
     """The workers' lease long-poll (``echorl worker`` holds a lease request 2 s): > 0 means an idle
     worker takes work the moment it appears; 0 models polling every ``pollInterval``."""
+    pacing: bool = True
+    """The coordinator's pacing (:func:`echo_runtime.staleness.lease_floor`): lease only what can be
+    consumed in bound, workers load newer versions as their next task needs. False models a coordinator
+    without it (runs before pacing, or ``echorl coordinator --no-pacing``)."""
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -7,10 +7,14 @@ The protocol is the coordinator's own (:mod:`echo_runtime.coordinator.state`), n
   re-issue of expired leases are the production code's;
 * every admission — a group arriving, buffered groups when a version is announced, each group of a
   batch — is decided by :func:`echo_runtime.staleness.admit`;
+* pacing is the coordinator's (:func:`echo_runtime.staleness.lease_room` and ``lease_floor``): a lease
+  gets only the tasks that can still be consumed in bound, each tagged with its floor; a dropped group's
+  task goes back to the front of the queue (``pacing: false`` models a coordinator without it: floors
+  ``t_train − bound``, dropped prompts not re-queued);
 * a worker's round is the worker loop's (:mod:`echo_runtime.worker.loop`): load the newest published
-  version if told to (its version is below ``minVersion = t_train − bound`` and a newer one exists, or it
-  just registered after version 0), lease up to ``capacity`` groups, generate them as one batch with the
-  loaded version, submit; with ``leaseWait`` > 0 (the lease long-poll of ``echorl worker``) an idle
+  version if told to (its version is below what its next task needs and a newer one exists, or it just
+  registered after version 0), lease up to ``capacity`` groups, load again (holding the leases) if the
+  leased tasks need a newer version, generate them as one batch with the loaded version, submit; with ``leaseWait`` > 0 (the lease long-poll of ``echorl worker``) an idle
   worker takes work the moment it appears, with 0 an empty lease reply makes it wait ``retryAfterSeconds`` before asking again;
 * a lease takes the class's generation time (log-normal jitter) plus its per-lease overhead;
 * the trainer's loop is the trainer's (:mod:`echo_runtime.trainer.loop`): announce, pull a batch of
@@ -48,9 +52,9 @@ import random
 import time
 from collections.abc import Iterable
 
+from echo_runtime import staleness
 from echo_runtime.bench.simulate import results
 from echo_runtime.bench.simulate.config import SimConfig, WorkerClass
-from echo_runtime import staleness
 from echo_runtime.coordinator import buffer
 
 # Event kinds (small ints: the heap compares tuples, and dispatch indexes a list).
@@ -118,6 +122,8 @@ class Simulator:
             0 if self.sequential else config.buffer_capacity
         )
         self.t_train = 0
+        self.taken_at: int | None = None
+        """The trainer version whose batch was last taken (pacing's next step)."""
         self.published = 0
         self.round_open = False
         self.workers = [
@@ -184,12 +190,36 @@ class Simulator:
         return self._result(self.horizon, events, time.perf_counter() - started)
 
     # ------------------------------------------------------------------------------ workers
+    @property
+    def _next_step(self) -> int:
+        return self.t_train + 1 if self.taken_at == self.t_train else self.t_train
+
+    def _ahead(self) -> int:
+        return self.ledger.buffered + self.ledger.leased
+
+    def _floor(self, position: int) -> int:
+        if not self.cfg.pacing:
+            return self.policy.min_version(self.t_train)
+        return staleness.lease_floor(self._next_step, position, self.cfg.batch_size, self.policy)
+
+    def _paced(self, want: int) -> int:
+        if not self.cfg.pacing:
+            return want
+        room = staleness.lease_room(
+            self._next_step, self._ahead(), self.cfg.batch_size, self.policy, self.published
+        )
+        return min(want, room)
+
     def _available(self) -> int:
-        return self.ledger.pending + self.ledger.room()
+        return self._paced(self.ledger.pending + self.ledger.room())
+
+    def _need(self) -> int:
+        """What a worker's next task needs (capped at ``published``): the coordinator's load instruction."""
+        return min(self._floor(self._ahead()), self.published)
 
     def _must_load(self, w: _Worker) -> bool:
-        """The coordinator's instruction: load ``published`` once the loaded version breaks the bound."""
-        return w.loaded < self.policy.min_version(self.t_train) and w.loaded < self.published
+        """The coordinator's instruction: load ``published`` once the loaded version is below the need."""
+        return w.loaded < self._need() and w.loaded < self.published
 
     def _round(self, w: _Worker) -> None:
         """One turn of the worker loop: load if told, lease, generate — or wait for the next poll."""
@@ -198,14 +228,19 @@ class Simulator:
             return
         ledger = self.ledger
         pending, room = ledger.pending, ledger.room()
-        if pending + room <= 0:
+        want = self._paced(self.classes[w.cls].capacity)
+        if pending + room <= 0 or want <= 0:
             self._go_idle(w)
             return
-        want = self.classes[w.cls].capacity
+        ahead = self._ahead()
         for _ in range(min(room, max(0, want - pending))):
             ledger.add(str(next(self._task_ids)), None)
         entries = ledger.lease(w.key, want, self.now, self.now + self.cfg.task_timeout)
         w.tasks = [e.id for e in entries]
+        need = max((self._floor(ahead + i) for i in range(len(entries))), default=0)
+        if w.loaded < need:  # the worker loads the newest version while holding the leases
+            self._start_load(w)
+            return
         self._start_gen(w)
 
     def _start_load(self, w: _Worker) -> None:
@@ -267,7 +302,7 @@ class Simulator:
         """Idle workers told (by a heartbeat or an empty lease reply) to load a newer version do so."""
         if not self._idle:
             return
-        floor = min(self.policy.min_version(self.t_train), self.published)
+        floor = self._need()
         keep: list[tuple[float, int]] = []
         for item in self._idle:
             w = self.workers[item[1]]
@@ -314,6 +349,9 @@ class Simulator:
         self.c.snapshot_mb += self.cfg.snapshot_mb
         if self.trace is not None:
             self.trace.loads.append((self.now, wid, seconds, w.loaded))
+        if w.tasks:  # it loaded for the tasks it holds
+            self._start_gen(w)
+            return
         self._round(w)
 
     def _on_gen_done(self, wid: int, inc: int) -> None:
@@ -338,7 +376,7 @@ class Simulator:
                 c.accepted[cls] += 1
                 self.accept_times.append(self.now)
             else:
-                ledger.discard(task_id, w.key)
+                self._requeue([ledger.discard(task_id, w.key)])
                 c.dropped_on_arrival += 1
         w.tasks = []
         self._trainer_check()
@@ -391,6 +429,13 @@ class Simulator:
         dropped = self.ledger.drop_buffered(lambda e: not staleness.admit(e.version or 0, t, policy).consume)
         self.c.dropped_in_buffer += len(dropped)
         self._forget_buffered(e.version for e in dropped)
+        self._requeue(dropped)
+
+    def _requeue(self, entries: list[buffer.Entry[None, int]]) -> None:
+        """With pacing, the coordinator puts a dropped group's prompt back at the front of the queue."""
+        if self.cfg.pacing:
+            for _ in entries:
+                self.ledger.add(str(next(self._task_ids)), None, front=True)
 
     def _forget_buffered(self, versions: Iterable[int | None]) -> None:
         for v in versions:
@@ -422,6 +467,7 @@ class Simulator:
     def _take(self) -> None:
         cfg, t = self.cfg, self.version
         entries = self.ledger.take(cfg.batch_size)
+        self.taken_at = t
         self._forget_buffered(e.version for e in entries)
         if self.sequential:
             self.round_open, self.ledger.capacity = False, 0

@@ -102,6 +102,8 @@ class MeasuredRun:
     wall_seconds: float
     measured: dict[str, float]
     """``rolloutsPerSecond`` and ``trainerBusyFraction`` as the run's ``summary.json`` has them."""
+    pacing: bool = False
+    """The coordinator paced leases (its status says ``pacing: true``; runs before pacing say nothing)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,6 +198,7 @@ def fit(run: MeasuredRun, seed: int = 0) -> FittedRun:
         lease_timeout=LEASE_TIMEOUT,
         heartbeat_interval=HEARTBEAT_INTERVAL,
         lease_wait=2.0 if all(p.long_poll for p in run.pools if p.replicas > 0) else 0.0,
+        pacing=run.pacing,
         seed=seed,
     )
     started = max(0.0, run.status_times[0] - HEARTBEAT_INTERVAL) if run.status_times else 0.0
@@ -341,6 +344,7 @@ def read_run(directory: str | Path) -> MeasuredRun:
             summary.get("wallClockSeconds") or max(float(r.get("time", 0.0)) for r in records)
         ),
         measured=measured,
+        pacing=any(r.get("pacing") is True for r in status),
     )
 
 
