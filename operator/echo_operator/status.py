@@ -125,6 +125,7 @@ def pool_statuses(obs: Observation) -> list[Object]:
             "pending": obs.pending_pods.get(pool.name, 0),
             "workers": summary.workers if summary else 0,
             "observedPolicyVersion": summary.min_loaded_version if summary else None,
+            "quarantined": summary.quarantined if summary else 0,
             "externalWorkers": [{k: v for k, v in w.items() if v is not None} for w in external],
         }
         out.append(entry)
@@ -299,6 +300,15 @@ def _degraded(obs: Observation) -> Condition:
         return Condition(
             "Degraded", "True", "BoundExceeded", "the staleness bound was broken; see StalenessBounded"
         )
+    if doc is not None and doc.quarantined:
+        caught = "; ".join(f"{q.id} (pool {q.pool}): {q.reason}" for q in doc.quarantined[:3])
+        more = f"; and {len(doc.quarantined) - 3} more" if len(doc.quarantined) > 3 else ""
+        return Condition(
+            "Degraded",
+            "True",
+            "WorkersQuarantined",
+            f"{len(doc.quarantined)} worker(s) quarantined by the trainer, their rollouts dropped: {caught}{more}",
+        )
     if doc is None and not obs.suspended and obs.outcome is None and obs.job is not None:
         coordinator = obs.deployments.get(names.coordinator(obs.job.name))
         if _ready_replicas(coordinator)[1] > 0:
@@ -319,7 +329,14 @@ def conditions(obs: Observation, previous: Mapping[str, Any] | None = None) -> l
     return out
 
 
-_FROM_COORDINATOR = ("policyVersion", "maxObservedStaleness", "droppedStale", "weightedStale", "reward")
+_FROM_COORDINATOR = (
+    "policyVersion",
+    "maxObservedStaleness",
+    "droppedStale",
+    "weightedStale",
+    "reward",
+    "quarantinedWorkers",
+)
 
 
 def job_status(obs: Observation, previous: Mapping[str, Any] | None = None) -> Object:
@@ -346,6 +363,7 @@ def job_status(obs: Observation, previous: Mapping[str, Any] | None = None) -> O
             droppedStale=doc.dropped_stale,
             weightedStale=doc.weighted_stale,
             reward=doc.reward,
+            quarantinedWorkers=len(doc.quarantined),
         )
     else:
         out.update({key: (previous or {}).get(key) for key in _FROM_COORDINATOR})

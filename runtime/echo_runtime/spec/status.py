@@ -70,6 +70,9 @@ class PoolStatus(SpecModel):
     """Workers registered with the coordinator (pods and external)."""
     observed_policy_version: int | None = None
     """The oldest policy version loaded by a live worker of this pool."""
+    quarantined: int = 0
+    """Workers of this pool the trainer quarantined: their behaviour log-probs disagreed with its
+    recomputation, so their rollouts are dropped and they are refused (Degraded says which)."""
     external_workers: list[ExternalWorker] = Field(default_factory=list)
     """Workers that joined from outside the cluster."""
 
@@ -91,6 +94,8 @@ class EchoJobStatus(SpecModel):
     """Groups dropped because they would have broken Δmax."""
     weighted_stale: int = 0
     """Groups consumed with importance weights because they were stale."""
+    quarantined_workers: int = 0
+    """Workers the trainer quarantined over the job's life (Degraded names them)."""
     reward: float | None = None
     """Mean reward of the rollouts consumed recently, as the coordinator reports it."""
     rollouts_per_second: float | None = None

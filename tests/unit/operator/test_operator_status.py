@@ -41,6 +41,7 @@ def test_status_fields_come_from_the_coordinator_and_the_deployments(make_job: A
         "pending": 0,
         "workers": 1,
         "observedPolicyVersion": 16,
+        "quarantined": 0,
         "externalWorkers": [],
     }
     assert pools["mac"]["externalWorkers"] == [
@@ -261,3 +262,23 @@ def test_restarts_only_our_stuck_pods_and_not_too_often() -> None:
     again = pool_lag.restarts(d, pods, {"demo-gpu-7d9-abcde": 80.0}, now=100.0, cooldown_s=60.0)
     assert [r.pod for r in again] == ["demo-gpu-7d9-fghij"]
     assert [w.id for w in pool_lag.stuck_external(d)] == ["mac-1"]
+
+
+def test_quarantined_workers_degrade_the_job_and_are_counted(make_job: Any) -> None:
+    caught = doc(workers=[worker("w1", "gpu", 16)]).model_copy(
+        update={
+            "quarantined": [
+                wire.QuarantinedWorker(
+                    id="w9", pool="gpu", reason="made-up log-probs", mismatch=0.8, version=12
+                )
+            ],
+            "pools": {"gpu": wire.PoolSummary(workers=1, min_loaded_version=16, quarantined=1)},
+        }
+    )
+    obs = observation(make_job, coordinator=caught)
+    out = status_mod.job_status(obs)
+    assert out["quarantinedWorkers"] == 1
+    assert {p["name"]: p["quarantined"] for p in out["pools"]}["gpu"] == 1
+    degraded = {c.type: c for c in status_mod.conditions(obs)}["Degraded"]
+    assert (degraded.status, degraded.reason) == ("True", "WorkersQuarantined")
+    assert "w9 (pool gpu): made-up log-probs" in degraded.message
