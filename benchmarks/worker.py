@@ -110,9 +110,11 @@ def timed_client_class() -> type[Any]:
             finally:
                 self.seconds["registerLeave"] += time.perf_counter() - started
 
-        def lease(self, max_tasks: int = 1, wait: float = 0.0) -> wire.LeaseReply:
+        def lease(
+            self, max_tasks: int = 1, wait: float = 0.0, loaded_version: int | None = None
+        ) -> wire.LeaseReply:
             started = time.perf_counter()
-            reply = super().lease(max_tasks, wait)
+            reply = super().lease(max_tasks, wait, loaded_version)
             self.seconds["lease"] += time.perf_counter() - started
             if reply.tasks:
                 self.leased.append([t.prompt for t in reply.tasks])
