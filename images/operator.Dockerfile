@@ -23,6 +23,10 @@ RUN pip install --index-url "$PIP_INDEX_URL" --no-deps --no-build-isolation . \
  && python -c "import echo_operator.handlers" \
  && rm -rf /src
 
+# A name for uid 1000: kopf names its peering identity after the user (getpass.getuser()), which
+# fails for a uid without a passwd entry.
+RUN echo "echorl:x:1000:1000:Echo operator:/tmp:/usr/sbin/nologin" >>/etc/passwd \
+ && echo "echorl:x:1000:" >>/etc/group
 USER 1000:1000
 WORKDIR /tmp
 ENTRYPOINT ["python", "-m", "echo_operator"]

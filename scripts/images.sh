@@ -70,11 +70,6 @@ if [ "${1:-}" = import ]; then
   list="${3:?usage: scripts/images.sh import CONTAINERD_SOCKET IMAGE_LIST}"
   c() { ctr --address "$sock" -n k8s.io "$@"; }
   wanted=$(python3 -c 'import json,sys; print("\n".join(json.load(open(sys.argv[1])).values()))' "$list")
-  # One generation only: images of ours that the list does not name go (their snapshots with them).
-  for old in $(c images ls -q | grep '^localhost/echorl/' | grep -vxF "$wanted" || true); do
-    log "removing $old from containerd (not in $list)"
-    c images rm "$old" >/dev/null
-  done
   have=$(c images ls -q)
   for ref in $wanted; do
     grep -qxF "$ref" <<<"$have" && continue
@@ -90,6 +85,12 @@ if [ "${1:-}" = import ]; then
       if [ -n "$labels" ]; then c content label "$manifest" $labels >/dev/null; fi
     done
     log "imported $ref in $((SECONDS - start)) s"
+  done
+  # One generation only: images of ours that the list does not name go, and with them the snapshots
+  # nothing else uses (after the import, so that layers the new images share stay unpacked).
+  for old in $(c images ls -q | grep '^localhost/echorl/' | grep -vxF "$wanted" || true); do
+    log "removing $old from containerd (not in $list)"
+    c images rm "$old" >/dev/null
   done
   exit 0
 fi
