@@ -9,9 +9,12 @@ the division (so a bfloat16 model and its float32 copy differ only by the model'
 Top-p changes what can be sampled but is never folded into the log-prob. ``T`` must be positive.
 
 It is computed as the chosen logit minus the log-sum-exp over the vocabulary, ``x[c] − logsumexp(x)``
-with ``x = logits.float() / T``, a chunk of :data:`CHUNK_ELEMENTS` logits at a time, and under autograd
-each chunk is checkpointed: neither a float32 copy of the logits nor a ``[tokens, vocab]`` log-softmax
-is ever kept, which with a 152k-token vocabulary is gigabytes per micro-batch.
+with ``x = logits.float() / T``, a chunk of :data:`CHUNK_ELEMENTS` logits at a time. Under autograd a
+custom function keeps only the logits and one log-sum-exp per token, and its backward writes the
+gradient ``(onehot(c) − softmax(x)) / T`` chunk by chunk into one buffer the size of the logits — or,
+with ``in_place=True`` (the trainer, whose logits feed nothing else), into the logits' own storage:
+neither a float32 copy of the logits nor a ``[tokens, vocab]`` log-softmax nor a per-chunk full-size
+gradient is ever made, which with a 152k-token vocabulary is gigabytes per micro-batch.
 
 Promises:
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -42,37 +46,67 @@ CHUNK_ELEMENTS = 1 << 24
 """Logits per chunk (64 MiB in float32): ~110 tokens of a 152k vocabulary, ~16k of a 1k one."""
 
 
-def _chunk_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
-    scaled = logits.float() / temperature
-    chosen = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return chosen - torch.logsumexp(scaled, dim=-1)
+def _forward(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float, step: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(log-probs, log-sum-exps)`` of ``[tokens, vocab]`` logits, a chunk of ``step`` tokens at a time."""
+    values = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+    lse = torch.empty_like(values)
+    for start in range(0, logits.shape[0], step):
+        scaled = logits[start : start + step].float() / temperature
+        chunk_lse = torch.logsumexp(scaled, dim=-1)
+        chosen = scaled.gather(-1, targets[start : start + step].unsqueeze(-1)).squeeze(-1)
+        values[start : start + step] = chosen - chunk_lse
+        lse[start : start + step] = chunk_lse
+    return values, lse
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+class _ChunkedLogProbs(torch.autograd.Function):
+    """Chunked ``log_softmax(x / T)[c]`` whose backward fills one gradient buffer chunk by chunk."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, logits: torch.Tensor, targets: torch.Tensor, temperature: float, step: int, in_place: bool
+    ) -> torch.Tensor:
+        values, lse = _forward(logits, targets, temperature, step)
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.temperature, ctx.step, ctx.in_place = temperature, step, in_place
+        return values
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None, None]:
+        logits, targets, lse = ctx.saved_tensors
+        # Each chunk is read before it is overwritten, so the logits' storage can take the gradient.
+        out = logits.detach() if ctx.in_place else torch.empty_like(logits)
+        for start in range(0, logits.shape[0], ctx.step):
+            stop = start + ctx.step
+            g = grad[start:stop].float().unsqueeze(-1)
+            probs = torch.exp(logits[start:stop].float() / ctx.temperature - lse[start:stop].unsqueeze(-1))
+            chunk = -probs * g
+            chunk.scatter_add_(-1, targets[start:stop].unsqueeze(-1), g)
+            out[start:stop] = (chunk / ctx.temperature).to(out.dtype)
+        return out, None, None, None, None
+
+
+def token_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float, *, in_place: bool = False
+) -> torch.Tensor:
     """``log_softmax(logits.float() / temperature)`` at ``targets``, chunked (see the module docstring).
 
     ``logits`` has shape ``[..., vocab]`` and ``targets`` the leading shape ``[...]``; the result is float32
-    with the shape of ``targets``. Gradients flow to ``logits``.
+    with the shape of ``targets``. Gradients flow to ``logits``; with ``in_place`` the backward pass
+    overwrites ``logits`` with them (pass it only for logits nothing else reads after the backward).
     """
-    from torch.utils.checkpoint import checkpoint
-
     temperature = check_temperature(temperature)
     shape = targets.shape
     vocab = logits.shape[-1]
     flat, ids = logits.reshape(-1, vocab), targets.reshape(-1).long()
     step = max(1, CHUNK_ELEMENTS // max(1, vocab))
-    track = torch.is_grad_enabled() and flat.requires_grad
-    parts: list[torch.Tensor] = []
-    for start in range(0, flat.shape[0], step):
-        chunk, chunk_ids = flat[start : start + step], ids[start : start + step]
-        if track:
-            part = checkpoint(_chunk_logprobs, chunk, chunk_ids, temperature, use_reentrant=False)
-        else:
-            part = _chunk_logprobs(chunk, chunk_ids, temperature)
-        parts.append(part)
-    if not parts:
-        return torch.zeros(shape, dtype=torch.float32, device=logits.device)
-    return torch.cat(parts).reshape(shape)
+    if torch.is_grad_enabled() and flat.requires_grad:
+        values: torch.Tensor = _ChunkedLogProbs.apply(flat, ids, temperature, step, in_place)
+    else:
+        values = _forward(flat, ids, temperature, step)[0]
+    return values.reshape(shape)
 
 
 def full_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -146,9 +146,8 @@ def completion_logprobs(module: torch.nn.Module, packed: Packed, temperature: fl
     output has ``.logits``. Gradients flow unless the caller disables them. Values on padding are 0.
     """
     mask = packed.mask.bool()
-    values = shared_logprobs.token_logprobs(
-        completion_logits(module, packed), packed.targets[mask], temperature
-    )
+    logits = completion_logits(module, packed)  # read by nothing else: its storage can take the gradient
+    values = shared_logprobs.token_logprobs(logits, packed.targets[mask], temperature, in_place=True)
     return torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(mask, values)
 
 
