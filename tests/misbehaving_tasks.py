@@ -1,4 +1,4 @@
-"""Task factories with misbehaving verifiers, for the scoring tests (``slow_tasks:spinning`` etc.).
+"""Task factories with misbehaving verifiers, for the scoring tests (``misbehaving_tasks:misbehaving``).
 
 Each wraps the arithmetic task and misbehaves only on completions that say so, so one group can hold
 honest and hostile completions side by side.

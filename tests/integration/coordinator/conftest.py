@@ -47,12 +47,14 @@ def coordinator_factory(tmp_path: Path) -> Iterator[Callable[..., RunningCoordin
         heartbeat_interval: float = 1.0,
         use_store: bool = False,
         start: bool = True,
+        task: str = "arithmetic",
+        extra: tuple[str, ...] = (),
     ) -> RunningCoordinator:
         name = f"job{len(running)}"
         store = tmp_path / "store"
         job_path = tmp_path / f"{name}.yaml"
         job_path.write_text(
-            job_yaml(name, store, mode, max_staleness, group_size, batch_size, buffer_size, refresh)
+            job_yaml(name, store, mode, max_staleness, group_size, batch_size, buffer_size, refresh, task)
         )
         tokens = tmp_path / "tokens.json"
         tokens.write_text(json.dumps({"trainer": TRAINER_TOKEN, "pools": {"cpu": POOL_TOKEN}}))
@@ -77,6 +79,7 @@ def coordinator_factory(tmp_path: Path) -> Iterator[Callable[..., RunningCoordin
             str(heartbeat_interval),
             "--log-level",
             "info",
+            *extra,
         ]
         if not use_store:
             argv.append("--no-store")

@@ -32,6 +32,7 @@ def job_yaml(
     batch_size: int,
     buffer_size: int | None,
     refresh: int,
+    task: str = "arithmetic",
 ) -> str:
     sync: dict[str, Any] = {"mode": mode, "maxStaleness": max_staleness, "refreshThreshold": refresh}
     if buffer_size is not None:
@@ -41,7 +42,7 @@ def job_yaml(
         "kind": "EchoJob",
         "metadata": {"name": name},
         "spec": {
-            "task": {"name": "arithmetic"},
+            "task": {"name": task},
             "algorithm": {"groupSize": group_size, "batchSize": batch_size, "sampling": {"maxNewTokens": 8}},
             "syncPolicy": sync,
             "storage": {"type": "Local", "path": str(store)},
@@ -66,7 +67,8 @@ class RunningCoordinator:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> RunningCoordinator:
-        env = {**os.environ, "PYTHONPATH": str(REPO / "runtime")}
+        # tests/ too: a job may name a task of the test suite's (misbehaving_tasks:misbehaving)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "runtime"), str(REPO / "tests")])}
         self.process = procs.ManagedProcess("coordinator", self.argv, self.log, env=env, cwd=REPO).start()
         self.process.wait_healthy(self._healthy, timeout=60)
         return self

@@ -8,12 +8,13 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
-from coordinator_procs import REPO, RunningCoordinator
+from coordinator_procs import POOL_TOKEN, REPO, RunningCoordinator
 
 from echo_runtime import staleness
 from echo_runtime.coordinator import client, wire
@@ -153,3 +154,45 @@ def test_clients_wait_for_a_coordinator_that_is_not_up_yet(
     )
     with pytest.raises(client.Unavailable, match="after 2 attempt"):
         impatient.status()
+
+
+def test_a_hanging_verifier_stalls_neither_heartbeats_nor_leases(
+    coordinator_factory: Callable[..., RunningCoordinator],
+) -> None:
+    """The verifier hangs in native code on one completion ("native"): the submission waits out its
+    allowance (1 s per rollout + grace) and scores 0, while the same worker's heartbeats and another
+    worker's leases are answered as usual, and no worker expires. Scored on the event loop, as before,
+    the hang would have stopped every request for good."""
+    c = coordinator_factory(
+        max_staleness=2, group_size=2, lease_timeout=3.0, heartbeat_interval=0.5,
+        task="misbehaving_tasks:misbehaving", extra=("--score-timeout", "1"),
+    )  # fmt: skip
+    other = c.worker()
+    slow = client.WorkerClient(  # a reply that takes the verifier's allowance must not time out
+        c.url, POOL_TOKEN, pool="cpu", backend="transformers", device="cpu", dtype="float32", timeout=30.0
+    )
+    c.clients.append(slow)
+    slow.register()
+    other.register()
+    task = slow.lease(1).tasks[0]
+    answer = str(eval(task.prompt.rstrip("=")))
+    body = [
+        {"completion": c_, "tokenIds": [1], "logprobs": [-0.5], "policyVersion": 0}
+        for c_ in ("native", answer)
+    ]
+    reply: list[wire.SubmitReply] = []
+    submitting = threading.Thread(target=lambda: reply.append(slow.submit(task.task_id, body)))
+    started = time.monotonic()
+    submitting.start()
+    beats = 0
+    while submitting.is_alive() and time.monotonic() - started < 60:
+        slow.heartbeat(0)  # answered while the verifier hangs: the event loop is free
+        assert other.lease(1).policy_version == 0  # answered (not stuck behind the verifier)
+        beats += 1
+        time.sleep(0.5)
+    submitting.join(timeout=30)
+    assert beats >= 4 and reply, "the submission never came back"
+    assert reply[0].outcome == "buffered" and reply[0].rewards == [0.0, 0.0]
+    status = c.status()
+    assert status.verifier_timeouts == 2
+    assert {w.id for w in status.workers} == {slow.worker_id, other.worker_id}  # nobody expired

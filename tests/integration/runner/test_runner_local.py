@@ -90,6 +90,7 @@ def test_rerun_refuses_then_resume_continues(tmp_path: Path, built_model_cache: 
     run_dir = str(tmp_path / "run")
     first = _echorl("run", str(job), "--no-progress", "--run-dir", run_dir, cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
+    first_summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     again = _echorl("run", str(job), "--no-progress", "--run-dir", run_dir, cwd=tmp_path)
     assert again.returncode != 0
     assert "--resume" in again.stderr and "--fresh" in again.stderr
@@ -99,6 +100,19 @@ def test_rerun_refuses_then_resume_continues(tmp_path: Path, built_model_cache: 
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["policyVersion"] == 4
+    # Every field true across the resume: what the first attempt logged is not counted twice, and the
+    # second coordinator's counters (which started from 0) are added to the first's.
+    assert summary["trainerRecords"] == 4 and summary["coordinatorIncarnations"] == 2
+    assert 0 < summary["trainerBusyFraction"] <= 1
+    assert summary["wallClockSeconds"] > first_summary["wallClockSeconds"]
+    assert summary["consumedGroups"] == 4 * 2 == sum(summary["stalenessHistogram"].values())
+    assert summary["generatedGroups"] >= summary["consumedGroups"]
+    assert summary["droppedFraction"] == summary["droppedStale"] / summary["generatedGroups"]
+    versions = [e["policyVersion"] for e in summary["evaluations"]]
+    assert versions == sorted(set(versions)) and versions[-1] == 4
+    timing = summary["workerTiming"]["default-0"]
+    assert timing["incarnations"] == 2 and 0 <= timing["loadFraction"] <= 1
+    assert timing["rollouts"] >= summary["consumedGroups"] * 4
     published = sorted(
         int(p.name) for p in (tmp_path / "store" / "resumable" / "snapshots").iterdir() if p.name.isdigit()
     )

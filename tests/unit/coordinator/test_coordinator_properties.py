@@ -227,7 +227,11 @@ class CoordinatorMachine(RuleBasedStateMachine):
         worker = self.worker(index)
         theirs = sum(1 for e in self.s.ledger.buffered_entries() if e.group and e.group.worker_id == worker)
         current = self.last_batch is not None and self.last_batch.version == self.s.t_train
-        withdrawn = [g for g in self.last_batch.groups if g.worker_id == worker] if current and self.last_batch else []
+        withdrawn = (
+            [g for g in self.last_batch.groups if g.worker_id == worker]
+            if current and self.last_batch
+            else []
+        )
         reply = self.s.quarantine(
             wire.QuarantineRequest(worker_id=worker, reason="caught in a test", version=self.s.t_train)
         )
@@ -276,7 +280,10 @@ class CoordinatorMachine(RuleBasedStateMachine):
     def nothing_lost_nothing_twice(self) -> None:
         s = self.s
         s.ledger.check()
-        assert s.ledger.dropped + (s.ledger.consumed - s.consumed_groups) == s.dropped_stale + s.dropped_quarantined
+        assert (
+            s.ledger.dropped + (s.ledger.consumed - s.consumed_groups)
+            == s.dropped_stale + s.dropped_quarantined
+        )
         assert s.requeued_prompts == s.dropped_stale + s.dropped_quarantined
         assert s.consumed_groups == len(self.delivered)
         bound = s.config.batch_size if s.sequential else s.config.buffer_capacity

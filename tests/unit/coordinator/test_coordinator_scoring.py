@@ -7,17 +7,13 @@ kills when it hangs where no signal reaches it.
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 
 import pytest
 
+import misbehaving_tasks  # tests/ is on sys.path (tests/conftest.py), for the scoring processes too
 from echo_runtime import tasks
 from echo_runtime.coordinator import scoring
 from echo_runtime.spec.policy import Task as TaskSpec
-
-sys.path.insert(0, str(Path(__file__).parent))  # slow_tasks, for the child processes too
-import slow_tasks
 
 PROBLEM = next(tasks.get_task("arithmetic").prompts("train", 0))
 RIGHT = tasks.get_task("arithmetic").reference(PROBLEM)
@@ -31,7 +27,7 @@ def test_an_honest_group_scores_as_the_verifier_says() -> None:
 
 
 def test_a_runaway_rollout_times_out_alone_and_the_others_are_scored() -> None:
-    got = scoring.score_group(slow_tasks.misbehaving(), PROBLEM, [RIGHT, "spin", "raise", RIGHT], 0.2)
+    got = scoring.score_group(misbehaving_tasks.misbehaving(), PROBLEM, [RIGHT, "spin", "raise", RIGHT], 0.2)
     assert [r.value for r in got.rewards] == [1.0, 0.0, 0.0, 1.0]
     assert "timed out after 0.2s" in got.rewards[1].reason
     assert "RuntimeError: the verifier broke" in got.rewards[2].reason
@@ -40,7 +36,7 @@ def test_a_runaway_rollout_times_out_alone_and_the_others_are_scored() -> None:
 
 @pytest.mark.timeout(120)
 def test_the_process_pool_scores_and_replaces_a_process_stuck_in_native_code() -> None:
-    spec = TaskSpec(name="slow_tasks:misbehaving")
+    spec = TaskSpec(name="misbehaving_tasks:misbehaving")
     scorer = scoring.ProcessScorer(spec, processes=1, timeout_s=0.5)
     try:
 
