@@ -1,0 +1,319 @@
+"""EchoJobs on the real cluster, driven with kubectl as a user would: they train to Succeeded, survive
+their pods being deleted, suspend and resume, fail with a reason, wait for nodes that do not exist,
+and are cleaned up by the real garbage collector.
+
+Every job is small (Echo's tiny model on the arithmetic task, CPU pods with small requests): the
+e2e proves the operator's lifecycle, not learning (docs/benchmarks does that).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from e2e_kit import E2E, published
+
+pytestmark = pytest.mark.timeout(1500)
+
+RESOURCES = {"requests": {"cpu": "100m", "memory": "256Mi"}}
+
+
+def echojob(name: str, max_steps: int, max_staleness: int = 2, **spec: Any) -> dict[str, Any]:
+    """An EchoJob of the tiny model with S3 storage on the dev MinIO; ``spec`` overrides/extends."""
+    body: dict[str, Any] = {
+        "model": {"path": "echorl:tiny"},
+        "task": {"name": "arithmetic"},
+        "algorithm": {"groupSize": 4, "batchSize": 4, "maxSteps": max_steps},
+        # Keep every snapshot, so the test can read the whole run back from the store.
+        "syncPolicy": {"mode": "Async", "maxStaleness": max_staleness, "retention": {"keepLast": 1000}},
+        "storage": {
+            "type": "S3",
+            "endpoint": "minio.echorl-system.svc:9000",
+            "secure": False,
+            "bucket": "echorl",
+            "credentialsSecret": "minio-credentials",
+        },
+        "trainingSwarm": {"threads": 1, "checkpointInterval": 5, "resources": RESOURCES},
+        "inferenceSwarms": [{"name": "cpu", "replicas": 1, "threads": 1, "resources": RESOURCES}],
+    }
+    body.update(spec)
+    return {"apiVersion": "echorl.dev/v1alpha1", "kind": "EchoJob", "metadata": {"name": name}, "spec": body}
+
+
+def running(e2e: E2E, selector: str) -> list[dict[str, Any]]:
+    return [
+        p
+        for p in e2e.pods(selector)
+        if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+    ]
+
+
+def assert_released(e2e: E2E, name: str) -> None:
+    """Nothing of a finished job runs: Deployments at zero, no pod Running or Pending."""
+    for deployment in e2e.json("get", "deployments", "-l", f"echorl.dev/job={name}")["items"]:
+        assert deployment["spec"]["replicas"] == 0, deployment["metadata"]["name"]
+    live = [
+        p["metadata"]["name"]
+        for p in e2e.pods(f"echorl.dev/job={name}")
+        if p["status"].get("phase") in ("Running", "Pending")
+    ]
+    assert live == [], live
+
+
+def test_a_job_trains_to_succeeded_and_releases_everything(e2e: E2E) -> None:
+    """kubectl apply → pods Running → version advancing → kubectl scale the pool → Succeeded."""
+    e2e.apply(
+        {
+            "apiVersion": "echorl.dev/v1alpha1",
+            "kind": "InferenceSwarm",
+            "metadata": {"name": "cpu-pool"},
+            "spec": {
+                "backend": "transformers",
+                "device": "cpu",
+                "replicas": 2,
+                "threads": 1,
+                "resources": RESOURCES,
+            },
+        }
+    )
+    e2e.apply(echojob("quick", max_steps=40, inferenceSwarms=[{"name": "cpu", "swarmRef": "cpu-pool"}]))
+    e2e.until("the job's pods Running", lambda: len(running(e2e, "echorl.dev/job=quick")) >= 4)
+    e2e.note(f"pods running: {[p['metadata']['name'] for p in running(e2e, 'echorl.dev/job=quick')]}")
+    first = e2e.until("a first policy version", lambda: e2e.version("quick") or None)
+    wide = e2e.kubectl("get", "echojob", "quick", "-o", "wide")
+    e2e.note(f"kubectl get echojob -o wide:\n{wide}")
+    assert "quick" in wide and "Async" in wide
+    # kubectl scale on the pool's scale subresource: the coordinator sees a third worker.
+    e2e.kubectl("scale", "inferenceswarm/cpu-pool", "--replicas=3")
+    e2e.until(
+        "three workers registered",
+        lambda: (
+            next((p["workers"] for p in e2e.job("quick")["status"]["pools"] if p["name"] == "cpu"), 0) >= 3
+        ),
+    )
+    later = e2e.until("the version advancing", lambda: (v := e2e.version("quick")) > first and v)
+    e2e.note(f"policy version {first} → {later}; three workers")
+    done = e2e.wait_condition("quick", "Succeeded")
+    assert done["status"] == "True" and done["reason"] == "TrainingCompleted", done
+    status = e2e.job("quick")["status"]
+    e2e.note(f"Succeeded: {done['message']}; completionTime {status.get('completionTime')}")
+    assert status["completionTime"] and status["startTime"]
+    assert status["policyVersion"] == 40
+    assert status["maxObservedStaleness"] is not None and status["maxObservedStaleness"] <= 2
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["StalenessBounded"]["status"] == "True"
+    assert conditions["Progressing"]["reason"] == "Completed"
+    assert "Failed" not in conditions
+    e2e.until("every pod released", lambda: assert_released(e2e, "quick") is None)
+    assert_released(e2e, "quick")
+    trainer = e2e.json("get", "job", "quick-trainer")
+    assert trainer["status"].get("succeeded") == 1  # the finished trainer Job stays, with its pods' logs
+    # The snapshots stay in the store, up to the final version and its checkpoint.
+    store = e2e.store("quick/")
+    assert max(published(store, "quick")) == 40
+    assert max(published(store, "quick", "checkpoints")) == 40
+
+
+def test_deleting_a_worker_the_trainer_and_the_coordinator_mid_run_still_succeeds(e2e: E2E) -> None:
+    e2e.apply(echojob("restarts", max_steps=60, ttlSecondsAfterFinished=5))
+    e2e.until("version 3", lambda: e2e.version("restarts") >= 3)
+
+    def delete_one(component: str) -> str:
+        (pod,) = running(e2e, f"echorl.dev/job=restarts,echorl.dev/component={component}")[:1]
+        name = str(pod["metadata"]["name"])
+        e2e.kubectl("delete", "pod", name, "--wait=false")
+        at = e2e.version("restarts")
+        e2e.note(f"deleted {component} pod {name} at policy version {at}")
+        # Replaced (a new pod Running), and the job keeps training past where it was.
+        e2e.until(
+            f"a new {component} pod",
+            lambda: [
+                p
+                for p in running(e2e, f"echorl.dev/job=restarts,echorl.dev/component={component}")
+                if p["metadata"]["name"] != name
+            ],
+        )
+        e2e.until(
+            f"training past version {at} after the {component} restart",
+            lambda: e2e.version("restarts") > at + 2,
+        )
+        return name
+
+    delete_one("inference")
+    delete_one("trainer")
+    delete_one("coordinator")
+    done = e2e.wait_condition("restarts", "Succeeded")
+    status = e2e.job("restarts")["status"]
+    e2e.note(f"Succeeded after restarts: {done['message']}; status.restarts {status['restarts']}")
+    # A deleted trainer pod is a counted failure, as for a Kubernetes Job; its gang was restarted.
+    assert status["restarts"] == 1
+    assert status["maxObservedStaleness"] <= 2
+    # The store: every version 1..60 once, published in order, none overwritten or repeated.
+    versions = published(e2e.store("restarts/"), "restarts")
+    assert sorted(versions) == list(range(1, 61))
+    created = [versions[v].created for v in sorted(versions)]
+    assert created == sorted(created)
+    cut_short = [v for v, p in versions.items() if p.folders - {p.data}]
+    assert len(cut_short) <= 1, cut_short  # at most the publish the trainer was killed in
+    # ttlSecondsAfterFinished: the children go, the EchoJob and its status stay.
+    e2e.until(
+        "children deleted by the TTL",
+        lambda: (
+            not e2e.kubectl(
+                "get", "deploy,job,svc,cm,secret", "-l", "echorl.dev/job=restarts", "-o", "name"
+            ).strip()
+        ),
+    )
+    assert e2e.condition("restarts", "Succeeded")["status"] == "True"
+
+
+def test_suspend_releases_every_pod_and_resume_continues_from_the_checkpoint(e2e: E2E) -> None:
+    e2e.apply(echojob("pause", max_steps=200))
+    e2e.until("version 6", lambda: e2e.version("pause") >= 6)
+    e2e.kubectl("patch", "echojob", "pause", "--type=merge", "-p", '{"spec": {"suspend": true}}')
+    e2e.wait_condition("pause", "Suspended")
+    e2e.until("every pod gone", lambda: not e2e.pods("echorl.dev/job=pause") and True)
+    at = e2e.version("pause")
+    checkpoint = max(published(e2e.store("pause/"), "pause", "checkpoints"))
+    e2e.note(f"suspended at version {at}, checkpoint {checkpoint}; no pods")
+    assert e2e.condition("pause", "Ready")["reason"] == "Suspended"
+    e2e.kubectl("patch", "echojob", "pause", "--type=merge", "-p", '{"spec": {"suspend": false}}')
+    e2e.until("training past the suspension", lambda: e2e.version("pause") > at + 2)
+    # The new trainer started from the store: at least the checkpoint it had, at most what was
+    # published (status lags the store by up to a status interval).
+    logs = e2e.kubectl("logs", "job/pause-trainer")
+    resumed = re.search(r"resuming at version (\d+)", logs)
+    assert resumed, logs[:2000]
+    e2e.note(f"resumed: {resumed.group(0)}")
+    assert checkpoint <= int(resumed.group(1)) <= max(published(e2e.store("pause/"), "pause"))
+    versions = published(e2e.store("pause/"), "pause")
+    assert sorted(versions) == list(range(1, max(versions) + 1))
+    e2e.kubectl("delete", "echojob", "pause", "--wait=true", "--timeout=180s")
+
+
+def test_a_trainer_that_keeps_failing_fails_the_job_with_its_log(e2e: E2E) -> None:
+    job = echojob("broken", max_steps=20, backoffLimit=1)
+    job["spec"]["trainingSwarm"]["image"] = e2e.cluster.images["test-failing-trainer"]
+    e2e.apply(job)
+    failed = e2e.wait_condition("broken", "Failed")
+    e2e.note(f"Failed: {failed['reason']}: {failed['message']}")
+    assert failed["status"] == "True" and failed["reason"] == "BackoffLimitExceeded"
+    assert "exited with code 1" in failed["message"]
+    assert "RuntimeError: injected trainer failure" in failed["message"]  # the last lines of its log
+    status = e2e.job("broken")["status"]
+    assert status["restarts"] == 2  # the first failure was retried, the second one exceeded the limit
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Degraded"] == "True"
+    e2e.until("every pod released", lambda: assert_released(e2e, "broken") is None)
+    reasons = e2e.kubectl(
+        "get", "events", "--field-selector=involvedObject.name=broken", "-o", "jsonpath={.items[*].reason}"
+    )
+    assert "TrainerFailed" in reasons and "JobFailed" in reasons
+
+
+def test_pools_land_on_their_own_simulated_nodes_a_pool_with_no_node_is_pending_and_gc_cleans_up(
+    e2e: E2E,
+) -> None:
+    """kwok GPU and Apple-Silicon nodes beside the real one; the real scheduler places each pool."""
+    nodes = {
+        "gpu-node-0": (
+            {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "echorl.dev/accelerator": "nvidia"},
+            "nvidia.com/gpu",
+            {"nvidia.com/gpu": "8"},
+        ),
+        "gpu-node-1": (
+            {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "echorl.dev/accelerator": "nvidia"},
+            "nvidia.com/gpu",
+            {"nvidia.com/gpu": "8"},
+        ),
+        "mac-node-0": (
+            {"echorl.dev/accelerator": "apple-silicon", "kubernetes.io/arch": "arm64"},
+            "echorl.dev/apple-silicon",
+            {},
+        ),
+    }
+    for name, (labels, taint, extra) in nodes.items():
+        capacity = {"cpu": "32", "memory": "256Gi", "pods": "110", **extra}
+        e2e.apply(
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": name,
+                    "annotations": {"kwok.x-k8s.io/node": "fake"},
+                    "labels": {
+                        "type": "kwok",
+                        "kubernetes.io/hostname": name,
+                        "kubernetes.io/os": "linux",
+                        **labels,
+                    },
+                },
+                "spec": {"taints": [{"key": taint, "value": "present", "effect": "NoSchedule"}]},
+                "status": {"capacity": capacity, "allocatable": capacity},
+            }
+        )
+    try:
+        e2e.until("kwok's nodes Ready", lambda: all(
+            {c["type"]: c["status"] for c in e2e.cluster.kubectl_json("get", "node", n)["status"].get("conditions", [])}.get("Ready") == "True"
+            for n in nodes
+        ))  # fmt: skip
+        gpu_pool = {
+            "name": "gpu", "backend": "vllm", "device": "cuda", "replicas": 2,
+            "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        }  # fmt: skip
+        mac_pool = {
+            "name": "mac", "backend": "mlx", "device": "cpu", "replicas": 1,
+            "affinity": {"nodeAffinity": {"required": [{"matchExpressions": [
+                {"key": "echorl.dev/accelerator", "operator": "In", "values": ["apple-silicon"]}]}]}},
+            "tolerations": [{"key": "echorl.dev/apple-silicon", "operator": "Exists", "effect": "NoSchedule"}],
+        }  # fmt: skip
+        nowhere = {
+            "name": "tpu",
+            "replicas": 1,
+            "nodeSelector": {"cloud.google.com/gke-tpu-accelerator": "tpu-v5"},
+        }
+        cpu_pool = {"name": "cpu", "replicas": 1, "threads": 1, "resources": RESOURCES}
+        e2e.apply(echojob("hetero", max_steps=500, inferenceSwarms=[cpu_pool, gpu_pool, mac_pool, nowhere]))
+
+        def placed() -> dict[str, list[str]] | None:
+            pods = e2e.pods("echorl.dev/job=hetero")
+            by_pool: dict[str, list[str]] = {}
+            for pod in pods:
+                pool = (
+                    pod["metadata"]["labels"].get("echorl.dev/pool")
+                    or pod["metadata"]["labels"]["echorl.dev/component"]
+                )
+                if pod["status"].get("phase") == "Running":
+                    by_pool.setdefault(pool, []).append(pod["spec"]["nodeName"])
+            want = {"cpu": 1, "gpu": 2, "mac": 1, "coordinator": 1, "trainer": 1}
+            return by_pool if all(len(by_pool.get(k, [])) >= n for k, n in want.items()) else None
+
+        where = e2e.until("every placeable pod Running", placed)
+        e2e.note(f"placement: {where}")
+        real = e2e.cluster.node_name
+        assert set(where["gpu"]) <= {"gpu-node-0", "gpu-node-1"}
+        assert where["mac"] == ["mac-node-0"]
+        assert where["cpu"] == [real] and where["coordinator"] == [real] and where["trainer"] == [real]
+        # Only the real node's pods run for real: containerd has sandboxes for them and no others.
+        sandboxes = e2e.cluster.crictl("pods", "--namespace", e2e.namespace, "-o", "json").stdout
+        assert "hetero-gpu" not in sandboxes and "hetero-mac" not in sandboxes and "hetero-cpu" in sandboxes
+        # The pool whose nodeSelector matches no node: the job says which pool and why.
+        ready = e2e.until(
+            "the Pending pool reported",
+            lambda: (c := e2e.condition("hetero", "Ready")).get("reason") == "PoolPending" and c,
+        )
+        e2e.note(f"Ready: {ready['reason']}: {ready['message']}")
+        assert "pool tpu" in ready["message"] and "didn't match" in ready["message"]
+        pools = {p["name"]: p for p in e2e.job("hetero")["status"]["pools"]}
+        assert pools["tpu"]["pending"] == 1
+        # Deleting the EchoJob: the real garbage collector removes every child.
+        children = e2e.kubectl(
+            "get", "deploy,job,svc,cm,secret", "-l", "echorl.dev/job=hetero", "-o", "name"
+        ).split()
+        assert len(children) >= 10, children
+        e2e.kubectl("delete", "echojob", "hetero", "--wait=true", "--timeout=180s")
+        e2e.until("every child garbage-collected", lambda: not e2e.kubectl(
+            "get", "deploy,job,svc,cm,secret,pods", "-l", "echorl.dev/job=hetero", "-o", "name").strip())  # fmt: skip
+    finally:
+        e2e.kubectl("delete", "node", *nodes, "--wait=false", namespaced=False, check=False)
