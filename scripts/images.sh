@@ -96,6 +96,12 @@ if [ "${1:-}" = import ]; then
 fi
 
 scripts/hostpkgs.sh
+# One build at a time per store (a second caller waits): builds prune what the list does not name.
+exec 7>"$CACHE/.build-lock"
+if ! flock -n 7; then
+  log "another scripts/images.sh is using $CACHE; waiting for it"
+  flock 7
+fi
 
 # --- 1. the base: Debian packages, no registry -----------------------------------------------
 base="localhost/echorl/debian-python:$(printf '%s\n' "$RECIPE" "$SUITE" "$MIRROR" "$BASE_PACKAGES" | sha 12)"
@@ -145,6 +151,11 @@ cleanup() {
   if [ -n "${index_pid:-}" ]; then kill "$index_pid" 2>/dev/null || true; wait "$index_pid" 2>/dev/null || true; fi
   if [ -n "${netns:-}" ]; then ip netns delete "$netns" 2>/dev/null || true; fi
   rm -rf "$context" "$TMPDIR/test-context.$$"
+  # A build cut short leaves its working containers mounted in the store: remove them, and with
+  # the last one podman unmounts the store (we hold the build lock: none is anyone else's).
+  local leftover
+  leftover=$(pm ps -a --external -q 2>/dev/null || true)
+  if [ -n "$leftover" ]; then pm rm -f --storage $leftover >/dev/null 2>&1 || true; fi
 }
 trap cleanup EXIT
 git ls-files -z -c -o --exclude-standard -- pyproject.toml README.md runtime operator \
