@@ -2,7 +2,7 @@
 
 Reads the run directories that ``echorl bench sync --job examples/smollm2.yaml --configs
 Async:2,Sequential --seeds 3 --out DIR`` leaves (``<config>/seed<k>/metrics.jsonl``), and for every run
-takes the evaluator's held-out accuracy of version 0 (the base model) and of version ``--at`` (default:
+takes (for every finished run: one with a ``summary.json``) the evaluator's held-out accuracy of version 0 (the base model) and of version ``--at`` (default:
 the last version every run evaluated), with the wall-clock at which that version was published. Per
 mode it reports the mean gain over seeds with a 95 % Student-t interval (``mean ± t₀.₉₇₅,n−1 · s/√n``;
 the held-out set is the same for every seed, so each gain is a paired difference), and draws held-out
@@ -42,7 +42,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
     args = parser.parse_args()
     runs = {
-        config.name: sorted(p for p in config.iterdir() if p.is_dir() and (p / "metrics.jsonl").is_file())
+        config.name: sorted(p for p in config.iterdir() if p.is_dir() and (p / "summary.json").is_file())
         for config in sorted(args.grid.iterdir())
         if config.is_dir() and config.name != "store"
     }
