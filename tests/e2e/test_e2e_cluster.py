@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
 from e2e_kit import E2E
 
 from services.cluster import Cluster
+
+# The first e2e test's setup waits for the images (built in the background while the other tiers
+# ran; a cold build takes half an hour), starts the cluster and installs Echo.
+pytestmark = pytest.mark.timeout(3600)
 
 
 def test_the_cluster_has_no_route_and_no_interface_leading_out(kube_cluster: Cluster) -> None:
