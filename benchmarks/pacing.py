@@ -39,7 +39,9 @@ from echo_runtime.runner import metrics
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run_one(base: dict[str, Any], config: sync_run.Config, pacing: bool, steps: int, seed: int, out: Path) -> Path:
+def run_one(
+    base: dict[str, Any], config: sync_run.Config, pacing: bool, steps: int, seed: int, out: Path
+) -> Path:
     label = f"{config.slug}-{steps}-{'paced' if pacing else 'unpaced'}"
     run_dir = out / label
     doc = sync_run.manifest_for(base, config, seed, (out / "store").resolve(), {})
@@ -98,7 +100,13 @@ def main(argv: list[str] | None = None) -> int:
     base, _ = sync_run.load_job_document(args.job)
     plan = [(c, args.max_steps) for c in sync_run.parse_configs(args.configs)]
     if args.quickstart_steps:
-        plan.insert(0, (sync_run.Config("Async", int(base["spec"]["syncPolicy"]["maxStaleness"])), args.quickstart_steps))
+        plan.insert(
+            0,
+            (
+                sync_run.Config("Async", int(base["spec"]["syncPolicy"]["maxStaleness"])),
+                args.quickstart_steps,
+            ),
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     for repeat in range(args.repeats):

@@ -174,3 +174,45 @@ def lease_room(next_step: int, ahead: int, batch_size: int, policy: StalenessPol
     if last_step < next_step:
         return 0
     return max(0, (last_step - next_step + 1) * batch_size - ahead)
+
+
+STRAGGLER_FACTOR = 3.0
+"""A lease held this many times longer than the swarm's typical group is a straggler's (see
+:func:`ahead`)."""
+
+
+def ahead(buffered: int, leased: int, stragglers: int) -> int:
+    """The groups pacing counts ahead of a new lease: buffered ones, and leased ones except stragglers'.
+
+    A lease held more than :data:`STRAGGLER_FACTOR` × the typical group time is not counted: its
+    position goes to a worker that will deliver, as a backup task does. Without this a straggler's lease
+    would keep the step it was counted in from filling — at Δmax 0 and in Sequential mode the trainer
+    would wait for the slowest worker. If the straggler delivers after all, its group is consumed within
+    the bound or dropped and counted, like any late group."""
+    return max(0, buffered + leased - stragglers)
+
+
+def time_budget(
+    pace_seconds: float | None, next_step: int, published: int, policy: StalenessPolicy
+) -> float | None:
+    """Pacing in time: how long a group leased now may take and still be consumed in bound.
+
+    A group generated with the newest ``published`` version can be consumed until step
+    ``published + bound``; a version goes by every ``pace_seconds``, so ``published + bound − next_step + 1``
+    of those are left. The coordinator's pace is the trainer's own step time — or, while the trainer
+    waits for groups, how long it has waited, if that is longer. None while the pace is unknown."""
+    if pace_seconds is None:
+        return None
+    return max(0, published + policy.bound - next_step + 1) * pace_seconds
+
+
+def fast_enough(group_seconds: float | None, budget: float | None, fastest: float | None) -> bool:
+    """May a worker whose groups take ``group_seconds`` be leased a task, given the :func:`time_budget`
+    and the fastest worker's group time? A worker slower than the budget would hold a task only to hand
+    in a group born too stale — or, at Δmax 0 and in Sequential mode, hold up the step while faster
+    workers wait — so it is passed over while some worker is fast enough; faster workers take the work.
+    Unknown speeds never refuse, and neither does a swarm in which nobody is fast enough (the trainer
+    would starve)."""
+    if group_seconds is None or budget is None or group_seconds <= budget:
+        return True
+    return fastest is None or fastest > budget

@@ -103,3 +103,46 @@ def test_invalid_policies_are_refused() -> None:
         staleness.StalenessPolicy("Sequential", 1, "Drop", 2)
     with pytest.raises(ValueError, match="mode"):
         staleness.StalenessPolicy("Colocated", 1)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------------------- pacing
+def test_the_floor_follows_the_consumption_order() -> None:
+    policy = staleness.StalenessPolicy("Async", max_staleness=2)
+    # Batch 4, the trainer waits for the batch of step 10: positions 0-3 go to step 10, 4-7 to step 11.
+    assert [staleness.lease_floor(10, k, 4, policy) for k in (0, 3, 4, 7, 8)] == [8, 8, 9, 9, 10]
+    assert staleness.consuming_step(10, 7, 4) == 11
+    with pytest.raises(ValueError, match="batchSize"):
+        staleness.consuming_step(10, 0, 0)
+
+
+@pytest.mark.parametrize(
+    ("next_step", "published", "ahead", "room"),
+    [
+        (10, 10, 0, 12),  # waiting at 10 with Δmax 2: steps 10, 11, 12 can take version-10 groups
+        (11, 10, 0, 8),  # training 10 → 11: steps 11 and 12 are left
+        (11, 10, 5, 3),
+        (13, 10, 0, 0),  # the trainer ran past what version 10 can serve
+        (11, 10, 20, 0),
+    ],
+)
+def test_lease_room_is_what_the_published_version_can_still_serve(
+    next_step: int, published: int, ahead: int, room: int
+) -> None:
+    policy = staleness.StalenessPolicy("Async", max_staleness=2)
+    assert staleness.lease_room(next_step, ahead, 4, policy, published) == room
+    # Every position the room allows has a floor the published version meets, the next one does not.
+    if room:
+        assert staleness.lease_floor(next_step, ahead + room - 1, 4, policy) <= published
+    assert staleness.lease_floor(next_step, ahead + room, 4, policy) > published or room == 0
+
+
+def test_pacing_in_time_passes_over_slow_workers_only_while_someone_is_fast_enough() -> None:
+    policy = staleness.StalenessPolicy("Async", max_staleness=1)
+    budget = staleness.time_budget(5.0, next_step=10, published=10, policy=policy)
+    assert budget == 10.0  # steps 10 and 11 left, 5 s each
+    assert staleness.time_budget(None, 10, 10, policy) is None
+    assert staleness.fast_enough(9.0, budget, fastest=2.0)
+    assert not staleness.fast_enough(30.0, budget, fastest=2.0)  # a faster worker can do it in time
+    assert staleness.fast_enough(30.0, budget, fastest=20.0)  # nobody can: the trainer must not starve
+    assert staleness.fast_enough(None, budget, fastest=2.0)  # unknown speed: try it
+    assert staleness.ahead(buffered=3, leased=5, stragglers=2) == 6

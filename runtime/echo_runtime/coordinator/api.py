@@ -165,7 +165,9 @@ class Service:
                 log.exception("lease expiry failed; trying again in %.1f s", self.expire_interval)
                 continue
             for record in list(self.state.quarantined.values())[caught:]:
-                log.warning("worker %s (pool %s) quarantined: %s", record.worker_id, record.pool, record.reason)
+                log.warning(
+                    "worker %s (pool %s) quarantined: %s", record.worker_id, record.pool, record.reason
+                )
             if dead or released:
                 self.notify_work()
                 log.info(

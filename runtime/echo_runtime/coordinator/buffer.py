@@ -180,6 +180,16 @@ class TaskLedger(Generic[P, G]):
         self._finish(entry, "dropped")
         return entry
 
+    def leased_before(self, when: float) -> int:
+        """How many live leases were handed out before ``when`` (the table is in lease order, so this
+        costs one step per such lease, not one per lease)."""
+        count = 0
+        for entry in self._leased.values():
+            if entry.leased_at >= when:
+                break
+            count += 1
+        return count
+
     def overdue(self, now: float) -> list[tuple[str, str]]:
         """``(task id, worker)`` of every lease past its deadline (what :meth:`expire` would return)."""
         return [(e.id, e.worker) for e in self._leased.values() if e.deadline <= now and e.worker is not None]

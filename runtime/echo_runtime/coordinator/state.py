@@ -113,6 +113,8 @@ class Worker:
     overdue: int = 0
     """Expiry sweeps that found its leases past the task timeout while it stayed alive, since its last
     submission."""
+    group_seconds: float | None = None
+    """How long its groups take, lease to submission (a moving average; pacing in time)."""
 
 
 HOARDING_EXPIRIES = 3
@@ -218,6 +220,16 @@ class CoordinatorState:
         self.verifier_errors = 0
         self.rejected = trust.PoolCounters()
         self.rate = RateWindow(config.rate_window, now)
+        self.trainer_seconds: float | None = None
+        """The trainer's own time per step — from handing it a batch to its asking for the next, waits for
+        groups excluded — a moving average (pacing in time)."""
+        self._last_take_at: float | None = None
+        self._asked: tuple[int, float] | None = None
+        """(version, when) of the trainer's first request for the batch it waits for now."""
+        self._fastest: tuple[float, float | None] = (-math.inf, None)
+        """(when computed, the fastest live worker's group seconds): refreshed at most once a second."""
+        self.typical_group_seconds: float | None = None
+        """Lease to submission over all workers (a moving average): what makes a lease a straggler's."""
 
     @staticmethod
     def default_prompts(
@@ -241,6 +253,37 @@ class CoordinatorState:
         """The step whose batch is not taken yet: ``t_train``, or ``t_train + 1`` once its batch went out."""
         taken = self.last_batch is not None and self.last_batch.version == self.t_train
         return self.t_train + 1 if taken else self.t_train
+
+    def pace_seconds(self, now: float) -> float | None:
+        """Seconds per version for pacing in time: the trainer's own step time, or — while it waits for
+        a batch — how long it has waited, if longer: a trainer starved by the workers fast enough for
+        its pace admits slower ones, the longer it waits (:func:`~echo_runtime.staleness.fast_enough`)."""
+        if self.trainer_seconds is None:
+            return None
+        waiting = self._asked is not None and self.next_step == self._asked[0] == self.t_train
+        waited = now - self._asked[1] if waiting and self._asked is not None else 0.0
+        return max(self.trainer_seconds, waited)
+
+    def fastest_group_seconds(self, now: float) -> float | None:
+        """The group time of the fastest live worker whose speed is known (refreshed once a second)."""
+        at, value = self._fastest
+        if now - at >= 1.0:
+            speeds = [
+                w.group_seconds
+                for w in self.workers.values()
+                if w.group_seconds is not None and w.quarantine is None
+            ]
+            value = min(speeds) if speeds else None
+            self._fastest = (now, value)
+        return value
+
+    def ahead(self, now: float) -> int:
+        """Groups pacing counts ahead of a new lease (:func:`~echo_runtime.staleness.ahead`)."""
+        stragglers = 0
+        if self.config.pacing and self.typical_group_seconds is not None:
+            late = now - staleness.STRAGGLER_FACTOR * self.typical_group_seconds
+            stragglers = self.ledger.leased_before(late)
+        return staleness.ahead(self.ledger.buffered, self.ledger.leased, stragglers)
 
     def floor(self, position: int) -> int:
         """The ``minVersion`` of a task leased now at ``position`` (0-based) behind the groups buffered and
@@ -397,7 +440,7 @@ class CoordinatorState:
         if self.sequential:
             need = min(self.min_version, self.published)
         else:
-            need = min(self.floor(self.ledger.buffered + self.ledger.leased), self.published)
+            need = min(self.floor(self.ahead(now)), self.published)
         loaded = worker.loaded_version
         load: int | None = None
         if loaded is None or (loaded < need and loaded < self.published):
@@ -429,12 +472,16 @@ class CoordinatorState:
         if pool_limit is not None:
             held = sum(self.ledger.leases_of(w.id) for w in self.workers.values() if w.pool == worker.pool)
             want = min(want, pool_limit - held)
-        ahead = self.ledger.buffered + self.ledger.leased
+        ahead = self.ahead(now)
         if self.config.pacing:  # beyond this room no published version is fresh enough: wait for one
             room = staleness.lease_room(
                 self.next_step, ahead, self.config.batch_size, self.config.policy, self.published
             )
-            want = min(want, room)
+            budget = staleness.time_budget(
+                self.pace_seconds(now), self.next_step, self.published, self.config.policy
+            )
+            fast = staleness.fast_enough(worker.group_seconds, budget, self.fastest_group_seconds(now))
+            want = min(want, room) if fast else 0
         floors = [self.floor(ahead + i) for i in range(max(0, want))]
         for _ in range(min(self.ledger.room(), max(0, len(floors) - self.ledger.pending))):
             if not self._new_task():
@@ -526,7 +573,13 @@ class CoordinatorState:
         repeat = self._duplicate(worker, task_id, now)
         if repeat is not None:
             return repeat
-        self._held(worker_id, task_id)
+        entry = self._held(worker_id, task_id)
+        took = max(0.0, now - entry.leased_at)
+        worker.group_seconds = (
+            took if worker.group_seconds is None else 0.7 * worker.group_seconds + 0.3 * took
+        )
+        typical = self.typical_group_seconds
+        self.typical_group_seconds = took if typical is None else 0.9 * typical + 0.1 * took
         scored = tuple(
             ScoredRollout(
                 rollout=r,
@@ -706,6 +759,16 @@ class CoordinatorState:
                 "policy versions never go back",
             )
         self._advance(version)
+        if self._asked is None or self._asked[0] != version:  # its first request for this step
+            if (
+                self._last_take_at is not None
+                and self.last_batch is not None
+                and self.last_batch.version == version - 1
+            ):
+                took = max(0.0, now - self._last_take_at)
+                own = self.trainer_seconds
+                self.trainer_seconds = took if own is None else 0.8 * own + 0.2 * took
+            self._asked = (version, now)
         size = self.config.batch_size
         if self.ledger.buffered < size:
             if self.sequential and not self.round_open:
@@ -718,6 +781,7 @@ class CoordinatorState:
             )
         entries = self.ledger.take(size)
         self._last_taken = entries
+        self._last_take_at = now
         if self.sequential:
             self.round_open, self.ledger.capacity = False, 0
         groups = [self._group_out(e, version) for e in entries]

@@ -118,3 +118,49 @@ def test_workers_much_faster_than_the_trainer(dmax: int, pacing: bool) -> None:
     else:
         assert s.dropped_stale > generated / 4  # what pacing saves: the buffer refilled at an old version
     assert s.requeued_prompts == s.dropped_stale
+
+
+def test_a_known_slow_worker_is_passed_over_while_a_fast_one_keeps_up() -> None:
+    s = make_state(config("Async", 1, batch_size=2, capacity=8, group_size=2))
+    fast, slow = register(s, capacity=2), register(s, capacity=2)
+    now = 0.0
+    for version in range(3):  # the fast worker feeds three steps of 1 s each; the slow one took 30 s once
+        for task in s.lease(fast, 2, now, version).tasks:
+            s.submit(fast, task.task_id, group(s, task, version), now + 0.5)
+        now += 0.5
+        if version == 0:
+            (task,) = s.lease(slow, 1, now, 0).tasks
+            s.submit(slow, task.task_id, group(s, task, 0), now + 30.0)
+        assert s.pull_batch(version, now).ready
+        now += 1.0
+        s.announce(version + 1)
+        s.heartbeat(fast, wire.HeartbeatRequest(loaded_version=version + 1), now)
+        s.heartbeat(slow, wire.HeartbeatRequest(loaded_version=version + 1), now)
+    assert s.lease(slow, 2, now, 3).tasks == []  # 30 s per group, 1 s per step, Δmax 1: too slow
+    assert s.lease(fast, 2, now, 3).tasks
+    s.leave(fast)
+    now += 1.5  # (the fastest speed is looked up at most once a second)
+    s.heartbeat(slow, wire.HeartbeatRequest(loaded_version=3), now)
+    assert s.lease(slow, 2, now, 3).tasks  # alone now: rather the slow worker than a starved trainer
+
+
+def test_a_stragglers_lease_gives_its_place_to_a_worker_that_delivers() -> None:
+    """Δmax 0: a step's two positions are all there is. A worker that sits on them for more than three
+    typical group times no longer holds them up: another worker gets them (a backup task); whichever
+    group comes first is consumed, the other is dropped and counted."""
+    s = make_state(config("Async", 0, batch_size=2, capacity=8, group_size=2))
+    quick, stuck = register(s, capacity=2), register(s, capacity=2)
+    for task in s.lease(quick, 2, 0.0, 0).tasks:  # typical group: 1 s
+        s.submit(quick, task.task_id, group(s, task, 0), 1.0)
+    assert s.pull_batch(0, 1.0).ready
+    s.announce(1)
+    held = s.lease(stuck, 2, 1.0, 1).tasks
+    assert len(held) == 2 and s.lease(quick, 2, 2.0, 1).tasks == []  # both positions are taken
+    backup = s.lease(quick, 2, 4.5, 1).tasks  # 3.5 s later: more than 3 × 1 s
+    assert len(backup) == 2
+    for task in backup:
+        s.submit(quick, task.task_id, group(s, task, 1), 5.0)
+    assert s.pull_batch(1, 5.0).ready
+    s.announce(2)
+    late = s.submit(stuck, held[0].task_id, group(s, held[0], 1), 9.0)
+    assert late.outcome == "dropped" and s.requeued_prompts == 1

@@ -72,10 +72,12 @@ class _Worker:
     __slots__ = (
         "alive_since",
         "cls",
+        "group_seconds",
         "id",
         "inc",
         "key",
         "last_poll",
+        "leased_at",
         "load_version",
         "loaded",
         "phase",
@@ -102,6 +104,9 @@ class _Worker:
         self.version = 0
         """The version the group in hand is generated with."""
         self.load_version = 0
+        self.leased_at = 0.0
+        self.group_seconds: float | None = None
+        """Lease to submission, a moving average: what the coordinator's pacing in time sees."""
 
 
 class Simulator:
@@ -124,6 +129,13 @@ class Simulator:
         self.t_train = 0
         self.taken_at: int | None = None
         """The trainer version whose batch was last taken (pacing's next step)."""
+        self.trainer_seconds: float | None = None
+        """The trainer's own time per step (take a batch → ask for the next), as the coordinator sees it."""
+        self.asked_at: float | None = None
+        """When the trainer asked for the batch it waits for (None while it trains)."""
+        self.last_take_at: float | None = None
+        self.typical_group_seconds: float | None = None
+        self._fastest_cache: tuple[float, float | None] = (-math.inf, None)
         self.published = 0
         self.round_open = False
         self.workers = [
@@ -195,7 +207,11 @@ class Simulator:
         return self.t_train + 1 if self.taken_at == self.t_train else self.t_train
 
     def _ahead(self) -> int:
-        return self.ledger.buffered + self.ledger.leased
+        stragglers = 0
+        if self.cfg.pacing and self.typical_group_seconds is not None:
+            late = self.now - staleness.STRAGGLER_FACTOR * self.typical_group_seconds
+            stragglers = self.ledger.leased_before(late)
+        return staleness.ahead(self.ledger.buffered, self.ledger.leased, stragglers)
 
     def _floor(self, position: int) -> int:
         if not self.cfg.pacing:
@@ -221,10 +237,36 @@ class Simulator:
         """The coordinator's instruction: load ``published`` once the loaded version is below the need."""
         return w.loaded < self._need() and w.loaded < self.published
 
+    def _fast_enough(self, w: _Worker) -> bool:
+        if not self.cfg.pacing:
+            return True
+        pace = None
+        if self.trainer_seconds is not None:
+            pace = max(self.trainer_seconds, self.now - self.asked_at if self.asked_at is not None else 0.0)
+        budget = staleness.time_budget(pace, self._next_step, self.published, self.policy)
+        return staleness.fast_enough(w.group_seconds, budget, self._fastest())
+
+    def _fastest(self) -> float | None:
+        """The fastest live worker's group time, refreshed once a simulated second (as the coordinator)."""
+        at, value = self._fastest_cache
+        if self.now - at >= 1.0:
+            speeds = [
+                x.group_seconds
+                for x in self.workers
+                if x.group_seconds is not None and x.state not in (_OFF, _DEAD)
+            ]
+            value = min(speeds) if speeds else None
+            self._fastest_cache = (self.now, value)
+        return value
+
     def _round(self, w: _Worker) -> None:
         """One turn of the worker loop: load if told, lease, generate — or wait for the next poll."""
         if self._must_load(w):
             self._start_load(w)
+            return
+        if not self._fast_enough(w):  # too slow for the steps left: asks again a poll interval later
+            w.state = _POLLING
+            self._push(self.now + self.retry, _POLL, w.id, w.inc)
             return
         ledger = self.ledger
         pending, room = ledger.pending, ledger.room()
@@ -237,6 +279,7 @@ class Simulator:
             ledger.add(str(next(self._task_ids)), None)
         entries = ledger.lease(w.key, want, self.now, self.now + self.cfg.task_timeout)
         w.tasks = [e.id for e in entries]
+        w.leased_at = self.now
         need = max((self._floor(ahead + i) for i in range(len(entries))), default=0)
         if w.loaded < need:  # the worker loads the newest version while holding the leases
             self._start_load(w)
@@ -360,6 +403,10 @@ class Simulator:
             return
         ledger, c, cls = self.ledger, self.c, w.cls
         seconds = self.now - w.since
+        took = self.now - w.leased_at
+        w.group_seconds = took if w.group_seconds is None else 0.7 * w.group_seconds + 0.3 * took
+        typical = self.typical_group_seconds
+        self.typical_group_seconds = took if typical is None else 0.9 * typical + 0.1 * took
         c.gen_seconds[cls] += seconds
         c.generated[cls] += len(w.tasks)
         if self.trace is not None:
@@ -468,6 +515,8 @@ class Simulator:
         cfg, t = self.cfg, self.version
         entries = self.ledger.take(cfg.batch_size)
         self.taken_at = t
+        self.last_take_at = self.now
+        self.asked_at = None
         self._forget_buffered(e.version for e in entries)
         if self.sequential:
             self.round_open, self.ledger.capacity = False, 0
@@ -514,6 +563,12 @@ class Simulator:
             self.horizon = min(self.horizon, self.now + self.cfg.tail_seconds)
             self.finished = self.cfg.tail_seconds <= 0.0
             return
+        if self.last_take_at is not None:  # the trainer asks for its next batch: its own step is over
+            took = self.now - self.last_take_at
+            self.trainer_seconds = (
+                took if self.trainer_seconds is None else 0.8 * self.trainer_seconds + 0.2 * took
+            )
+        self.asked_at = self.now
         self._refresh_idle()
         self._kick()
         self._pull()
