@@ -20,7 +20,8 @@ from echo_runtime.trainer.policy import TrainablePolicy
 
 def by_workers(batch: Batch, workers: list[str]) -> Batch:
     return dataclasses.replace(
-        batch, groups=tuple(dataclasses.replace(g, worker=w) for g, w in zip(batch.groups, workers, strict=True))
+        batch,
+        groups=tuple(dataclasses.replace(g, worker=w) for g, w in zip(batch.groups, workers, strict=True)),
     )
 
 
