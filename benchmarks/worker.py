@@ -117,7 +117,9 @@ def timed_client_class() -> type[Any]:
             reply = super().lease(max_tasks, wait, loaded_version)
             self.seconds["lease"] += time.perf_counter() - started
             if reply.tasks:
-                self.leased.append([t.prompt for t in reply.tasks])
+                self.leased.append(
+                    [t.prompt for t in reply.tasks if isinstance(t.prompt, str)]
+                )  # text tasks here
                 self.sampling.update(
                     (t.group_size, t.sampling.temperature, t.sampling.top_p, t.sampling.max_new_tokens)
                     for t in reply.tasks

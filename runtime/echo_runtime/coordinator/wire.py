@@ -125,6 +125,24 @@ class LeaseRequest(WireModel):
     Sequential round opening, buffer room in Async, leases returned) instead of polling."""
 
 
+class ChatMessage(WireModel):
+    """One message of a chat prompt (the model's chat template renders the list)."""
+
+    role: str = Field(min_length=1, max_length=32)
+    content: str = Field(max_length=MAX_COMPLETION_CHARS)
+
+
+Prompt = str | list[ChatMessage]
+"""A task's prompt: text, or chat messages (``task.promptFormat`` decides how it is rendered)."""
+
+
+def plain_prompt(prompt: Prompt) -> str | tuple[dict[str, str], ...]:
+    """The prompt as the tasks, backends and the trainer take it: text, or messages as plain dicts."""
+    if isinstance(prompt, str):
+        return prompt
+    return tuple({"role": m.role, "content": m.content} for m in prompt)
+
+
 class SamplingParams(WireModel):
     temperature: float
     top_p: float
@@ -136,7 +154,7 @@ class TaskOut(WireModel):
 
     task_id: str
     problem_id: str
-    prompt: str
+    prompt: Prompt
     group_size: int
     min_version: int
     """Generate with a loaded version ≥ this (pacing: the oldest whose group is still consumed in
@@ -248,7 +266,7 @@ class RolloutOut(WireModel):
 class GroupOut(WireModel):
     task_id: str
     problem_id: str
-    prompt: str
+    prompt: Prompt
     worker_id: str
     policy_version: int
     """The oldest version among the group's rollouts."""

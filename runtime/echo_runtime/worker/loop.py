@@ -229,7 +229,7 @@ class Worker:
         )
         version = self.loaded_version
         started = self._clock()
-        groups = self.backend.sample([t.prompt for t in tasks], first.group_size, params)
+        groups = self.backend.sample([wire.plain_prompt(t.prompt) for t in tasks], first.group_size, params)
         seconds = self._clock() - started
         self.sample_seconds += seconds
         for task, samples in zip(tasks, groups, strict=True):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -476,3 +477,28 @@ def test_a_pool_token_registers_at_most_max_workers_quarantined_ones_included() 
         register(s)  # the quarantined worker still counts: it cannot come back under a new id
     s.leave(b)
     register(s)
+
+
+def test_chat_prompts_travel_as_messages_to_workers_and_to_the_trainer() -> None:
+    """A task whose prompts are chat messages (a dataset's ``messages`` field): leased, then handed to the
+    trainer, as messages — and back to plain dicts for the backends."""
+    from echo_runtime import tasks as tasks_mod
+
+    inner = tasks_mod.get_task("arithmetic")
+    chat = [
+        dataclasses.replace(
+            p, prompt=({"role": "system", "content": "Be brief."}, {"role": "user", "content": p.prompt})
+        )
+        for p in itertools.islice(inner.prompts("train", 0), 8)
+    ]
+    s = state.CoordinatorState(config(batch_size=1), inner, now=0.0, prompts=iter(chat))
+    w = register(s)
+    task = lease_one(s, w)
+    assert isinstance(task.prompt, list) and [m.role for m in task.prompt] == ["system", "user"]
+    assert wire.plain_prompt(task.prompt) == chat[0].prompt
+    wire_form = json.loads(task.model_dump_json(by_alias=True))["prompt"]
+    assert wire_form == [dict(m) for m in chat[0].prompt]
+    right = wire.SubmitRequest(rollouts=[rollout(0, str(chat[0].answer)) for _ in range(s.config.group_size)])
+    assert s.submit(w, task.task_id, right, 0.0).rewards == [1.0] * s.config.group_size
+    batch = s.pull_batch(0, 0.0)
+    assert batch.ready and wire.plain_prompt(batch.groups[0].prompt) == chat[0].prompt
