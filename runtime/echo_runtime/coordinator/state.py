@@ -453,7 +453,7 @@ class CoordinatorState:
             worker.told_version = worker.told_at = None
         return self.t_train, max(self.min_version, need), load
 
-    def _stuck(self, worker: Worker, now: float) -> bool:
+    def stuck(self, worker: Worker, now: float) -> bool:
         """Told to load a version, still below it after a lease timeout."""
         if worker.told_version is None or worker.told_at is None:
             return False
@@ -637,52 +637,19 @@ class CoordinatorState:
 
     def _validate(self, worker: Worker, req: wire.SubmitRequest) -> None:
         cfg = self.config
-        if len(req.rollouts) != cfg.group_size:
-            raise Rejected(
-                422,
-                "invalid",
-                "rollouts",
-                f"a group has exactly {cfg.group_size} rollouts, got {len(req.rollouts)}",
-            )
-        for i, r in enumerate(req.rollouts):
-            where = f"rollouts[{i}]"
-            if len(r.token_ids) > cfg.max_new_tokens:
-                raise Rejected(
-                    422,
-                    "invalid",
-                    f"{where}.tokenIds",
-                    f"at most maxNewTokens ({cfg.max_new_tokens}) tokens, got {len(r.token_ids)}",
-                )
-            if len(r.logprobs) != len(r.token_ids):
-                raise Rejected(
-                    422,
-                    "invalid",
-                    f"{where}.logprobs",
-                    f"one log-prob per token id: {len(r.token_ids)} token ids, {len(r.logprobs)} log-probs",
-                )
-            if max(r.token_ids) >= cfg.vocab_size:
-                j = next(j for j, tok in enumerate(r.token_ids) if tok >= cfg.vocab_size)
-                raise Rejected(
-                    422,
-                    "invalid",
-                    f"{where}.tokenIds[{j}]",
-                    f"token id {r.token_ids[j]} is outside the vocabulary (0..{cfg.vocab_size - 1})",
-                )
-            if r.policy_version > self.published:
-                raise Rejected(
-                    422,
-                    "invalid",
-                    f"{where}.policyVersion",
-                    f"version {r.policy_version} was never published: the newest is {self.published}",
-                )
-            if not all(math.isfinite(x) and x <= 0.0 for x in r.logprobs):  # the wire model checks too
-                raise Rejected(422, "invalid", f"{where}.logprobs", "log-probs must be finite and ≤ 0")
-            problem = trust.version_problem(where, r.policy_version, worker.known_versions)
-            if problem is None and self.detokenizer is not None:
-                problem = self.detokenizer.problem(where, r.token_ids, r.completion, r.finish_reason)
-            if problem is not None:
-                self.rejected.add(worker.pool, trust.reason_of(problem[0]))
-                raise Rejected(422, "invalid", *problem)
+        problem = trust.group_problem(
+            req,
+            group_size=cfg.group_size,
+            max_new_tokens=cfg.max_new_tokens,
+            vocab_size=cfg.vocab_size,
+            published=self.published,
+            known_versions=worker.known_versions,
+            detokenizer=self.detokenizer,
+        )
+        if problem is not None:
+            if problem.reason is not None:
+                self.rejected.add(worker.pool, problem.reason)
+            raise Rejected(422, "invalid", problem.field, problem.message)
 
     # ------------------------------------------------------------------------------------- trainer
     def announce(self, version: int) -> wire.AnnounceReply:
@@ -843,7 +810,3 @@ class CoordinatorState:
         from echo_runtime.coordinator import report
 
         return report.status_document(self, now, wall_now)
-
-    def stuck(self, worker: Worker, now: float) -> bool:
-        """Told to load a version, still below it after a lease timeout."""
-        return self._stuck(worker, now)

@@ -17,15 +17,22 @@ scored and to the policy the worker really holds — pure functions, densely tes
   the log-probs and quarantines a worker whose behaviour log-probs disagree
   (:mod:`echo_runtime.trainer.verify`).
 
-Each problem is a ``(field, message)`` pair naming the rollout, for a 4xx reply; :class:`PoolCounters`
-counts them per pool for the status document and Prometheus.
+:func:`group_problem` is the whole check of a submitted group, shape included (size, lengths, the
+vocabulary, published versions, finite log-probs), first problem first; the coordinator turns it into a
+422 naming the field, and counts the trust problems per pool (:class:`PoolCounters`) for the status
+document and Prometheus.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 from collections.abc import Callable, Collection, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from echo_runtime.coordinator import wire
 
 Problem = tuple[str, str]
 """``(field, message)`` of a rejected rollout: ``("rollouts[3].tokenIds", "...")``."""
@@ -87,6 +94,61 @@ def version_problem(where: str, claimed: int, known: Collection[int]) -> Problem
         f"known: {listed}); report the version the backend holds (loadedVersion in a heartbeat or lease "
         "request) before submitting its rollouts",
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupProblem:
+    """Why a submitted group is refused: the field, what was wrong, and the counted trust reason (None for
+    a malformed group)."""
+
+    field: str
+    message: str
+    reason: str | None = None
+
+
+def group_problem(
+    req: wire.SubmitRequest,
+    *,
+    group_size: int,
+    max_new_tokens: int,
+    vocab_size: int,
+    published: int,
+    known_versions: Collection[int],
+    detokenizer: Detokenizer | None,
+) -> GroupProblem | None:
+    """The first problem of a submitted group, or None if it may be scored and buffered."""
+    if len(req.rollouts) != group_size:
+        return GroupProblem("rollouts", f"a group has exactly {group_size} rollouts, got {len(req.rollouts)}")
+    for i, r in enumerate(req.rollouts):
+        where = f"rollouts[{i}]"
+        if len(r.token_ids) > max_new_tokens:
+            return GroupProblem(
+                f"{where}.tokenIds", f"at most maxNewTokens ({max_new_tokens}) tokens, got {len(r.token_ids)}"
+            )
+        if len(r.logprobs) != len(r.token_ids):
+            return GroupProblem(
+                f"{where}.logprobs",
+                f"one log-prob per token id: {len(r.token_ids)} token ids, {len(r.logprobs)} log-probs",
+            )
+        if max(r.token_ids) >= vocab_size:
+            j = next(j for j, tok in enumerate(r.token_ids) if tok >= vocab_size)
+            return GroupProblem(
+                f"{where}.tokenIds[{j}]",
+                f"token id {r.token_ids[j]} is outside the vocabulary (0..{vocab_size - 1})",
+            )
+        if r.policy_version > published:
+            return GroupProblem(
+                f"{where}.policyVersion",
+                f"version {r.policy_version} was never published: the newest is {published}",
+            )
+        if not all(math.isfinite(x) and x <= 0.0 for x in r.logprobs):  # the wire model checks too
+            return GroupProblem(f"{where}.logprobs", "log-probs must be finite and ≤ 0")
+        problem = version_problem(where, r.policy_version, known_versions)
+        if problem is None and detokenizer is not None:
+            problem = detokenizer.problem(where, r.token_ids, r.completion, r.finish_reason)
+        if problem is not None:
+            return GroupProblem(problem[0], problem[1], reason_of(problem[0]))
+    return None
 
 
 def reason_of(field: str) -> str:

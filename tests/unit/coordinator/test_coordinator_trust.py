@@ -82,3 +82,24 @@ def test_rejections_are_counted_per_pool_and_reason() -> None:
     assert counters.of("mac") == {"tokenMismatch": 2, "unloadedVersion": 0}
     assert counters.of("gpu") == {"tokenMismatch": 0, "unloadedVersion": 1}
     assert counters.of("cpu") == {"tokenMismatch": 0, "unloadedVersion": 0}
+
+
+def test_a_group_is_checked_in_order_and_only_trust_problems_are_counted() -> None:
+    from echo_runtime.coordinator import wire
+
+    def group(**change: object) -> wire.SubmitRequest:
+        good = {"completion": "7", "token_ids": [1, 2], "logprobs": [-0.5, -0.5], "policy_version": 1}
+        return wire.SubmitRequest(rollouts=[wire.RolloutIn(**good), wire.RolloutIn(**{**good, **change})])
+
+    check = {"group_size": 2, "max_new_tokens": 4, "vocab_size": 10, "published": 2, "detokenizer": None}
+    assert trust.group_problem(group(), known_versions={1}, **check) is None  # type: ignore[arg-type]
+    cases = [
+        ({"token_ids": [1, 2, 3, 4, 5], "logprobs": [-1.0] * 5}, "rollouts[1].tokenIds", None),
+        ({"logprobs": [-0.5]}, "rollouts[1].logprobs", None),
+        ({"token_ids": [1, 12]}, "rollouts[1].tokenIds[1]", None),
+        ({"policy_version": 3}, "rollouts[1].policyVersion", None),  # never published: malformed
+        ({"policy_version": 0}, "rollouts[1].policyVersion", "unloadedVersion"),  # published, not given
+    ]
+    for change, field, reason in cases:
+        problem = trust.group_problem(group(**change), known_versions={1}, **check)  # type: ignore[arg-type]
+        assert problem is not None and (problem.field, problem.reason) == (field, reason), change
