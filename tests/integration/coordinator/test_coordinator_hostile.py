@@ -47,6 +47,8 @@ TRAINER_TOKEN, HONEST_TOKEN, MALLORY_TOKEN = (
 )
 GROUP, BATCH, NEW_TOKENS = 3, 2, 6
 RETRY = client.RetryPolicy(attempts=3, base=0.05, cap=0.5, deadline=10.0)
+STEPS = 120
+"""Of the Async job: long enough for the hoarder's leases to run out three times (three task timeouts)."""
 TASK_TIMEOUT_S = 5.0
 """Short, so that the hoarder's leases run out (and it is caught) while the job runs."""
 
@@ -232,7 +234,7 @@ def async_job(
 ) -> AsyncOutcome:
     root = tmp_path_factory.mktemp("hostile-async")
     lock, stop = threading.Lock(), threading.Event()
-    with running_job(root, model_dir, {"mode": "Async", "maxStaleness": 1}, steps=40) as job:
+    with running_job(root, model_dir, {"mode": "Async", "maxStaleness": 1}, steps=STEPS) as job:
 
         def swapper(me: Attack) -> None:
             with job.hostile() as w:
@@ -245,17 +247,15 @@ def async_job(
 
         def liar(me: Attack) -> None:
             with job.hostile() as w:
-                reply = w.register()
-                me.worker, known = reply.worker_id, {0, *([reply.load_version] if reply.load_version else [])}
+                me.worker = w.register().worker_id
                 while not stop.is_set() and len(me.answers) < 3:
-                    lease = w.lease(1, wait=1.0, loaded_version=0)
-                    if lease.load_version is not None:
-                        known.add(lease.load_version)
+                    seen = job.status().policy_version  # it says it holds the newest: it is told nothing
+                    lease = w.lease(1, wait=1.0, loaded_version=seen)
+                    seen = max(seen, lease.load_version or 0)  # a version it was told is one it may claim
                     for task in lease.tasks:
-                        samples = sample(backend, lock, task)
-                        while not stop.is_set() and job.status().policy_version <= max(known):
-                            time.sleep(0.1)  # hold the lease until the trainer has moved past what it knows
-                            w.heartbeat(0)
+                        samples = sample(backend, lock, task)  # with the base model, whatever it says
+                        while not stop.is_set() and job.status().policy_version <= seen:
+                            time.sleep(0.05)  # until the trainer has published a version it never reported
                         submit(w, me, task.task_id, rollouts(samples, job.status().policy_version))
 
         def hoarder(me: Attack) -> None:
@@ -279,6 +279,12 @@ def async_job(
             headers={"Authorization": f"Bearer {MALLORY_TOKEN}"},
             timeout=5,
         )
+        hoarder = attacks["hoarder"][0]
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any(
+            q.id == hoarder.worker for q in job.status().quarantined
+        ):
+            time.sleep(0.5)  # the job is long enough for three expiries even on an idle machine
         wait_trainer(job)
         status = job.status()
         stop.set()
@@ -334,7 +340,7 @@ def test_a_pool_registers_no_more_than_max_workers(async_job: AsyncOutcome) -> N
 
 def test_the_honest_worker_kept_the_job_going(async_job: AsyncOutcome) -> None:
     records = async_job.records
-    assert [r["policyVersion"] for r in records] == list(range(1, 41))
+    assert [r["policyVersion"] for r in records] == list(range(1, STEPS + 1))
     honest = trained_on(records) - {a.worker for a in async_job.attacks.values()}
     assert len(honest) == 1 and trained_on(records) == honest
     assert (
