@@ -5,7 +5,8 @@ lie — one per attack, each in pool ``mallory`` (``maxWorkers: 3``, ``maxLeases
 * **swapper** — samples honestly, then sends the right completion text with other token ids;
 * **liar** — stays on the base model and tags its rollouts with the trainer's newest version, one it
   was never told to load and never reported holding;
-* **hoarder** — leases all it can and never submits;
+* **hoarder** — leases all it can and never submits (it goes first, and the others join once it is caught:
+  a quarantined worker still counts against ``maxWorkers``);
 * **fabricator** (a Sequential job of its own, so that every group it submits has staleness 0 and can
   be checked) — samples honestly but sends made-up behaviour log-probs.
 
@@ -48,7 +49,8 @@ TRAINER_TOKEN, HONEST_TOKEN, MALLORY_TOKEN = (
 GROUP, BATCH, NEW_TOKENS = 3, 2, 6
 RETRY = client.RetryPolicy(attempts=3, base=0.05, cap=0.5, deadline=10.0)
 STEPS = 120
-"""Of the Async job: long enough for the hoarder's leases to run out three times (three task timeouts)."""
+"""Of the Async job: long enough for the hoarder's leases to run out three times (three task timeouts)
+and for the liar and the swapper to attack after it."""
 TASK_TIMEOUT_S = 5.0
 """Short, so that the hoarder's leases run out (and it is caught) while the job runs."""
 
@@ -268,23 +270,22 @@ def async_job(
                     w.heartbeat(0)  # alive, never submitting
                     time.sleep(0.3)
 
-        attacks = {
-            name: attack(body, stop)
-            for name, body in [("swapper", swapper), ("liar", liar), ("hoarder", hoarder)]
-        }
-        time.sleep(3.0)  # all three registered: the pool is full
+        # The hoarder goes first, alone in its pool: it holds the pool's leases (maxLeases) until it
+        # is caught, not racing the others for them.
+        attacks = {"hoarder": attack(hoarder, stop)}
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any(
+            q.id == attacks["hoarder"][0].worker for q in job.status().quarantined
+        ):
+            time.sleep(0.5)  # three task timeouts
+        attacks |= {name: attack(body, stop) for name, body in [("swapper", swapper), ("liar", liar)]}
+        time.sleep(3.0)  # both registered: with the quarantined hoarder, the pool is full
         fourth = httpx.post(
             f"{job.url}/v1/workers",
             json={"pool": "mallory", "backend": "transformers", "device": "cpu", "dtype": "float32"},
             headers={"Authorization": f"Bearer {MALLORY_TOKEN}"},
             timeout=5,
         )
-        hoarder = attacks["hoarder"][0]
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not any(
-            q.id == hoarder.worker for q in job.status().quarantined
-        ):
-            time.sleep(0.5)  # the job is long enough for three expiries even on an idle machine
         wait_trainer(job)
         status = job.status()
         stop.set()
