@@ -11,7 +11,9 @@ into their OpenAPI 3.0 form, free-form mappings (task options) into
 ``x-kubernetes-preserve-unknown-fields``. Descriptions, defaults (including those of
 ``default_factory`` fields), enums, bounds, patterns and the CEL rules that the models carry in
 ``json_schema_extra`` (``x-kubernetes-validations``) are kept. The rest of each CRD (names, printer
-columns, subresources) is declared here, per kind.
+columns, subresources) is declared here, per kind. Each field's description ends with its default and
+bounds in words, since ``kubectl explain`` shows descriptions but not defaults or bounds; a field whose
+default is ``echorl run``'s only (``spec.LOCAL_DEFAULT``, the model path) gets no default in the CRD.
 """
 
 from __future__ import annotations
@@ -68,12 +70,35 @@ class _Generator(json_schema.GenerateJsonSchema):
 
 def _plain(value: Any) -> Any:
     if isinstance(value, pydantic.BaseModel):
-        return _drop_empty(value.model_dump(mode="json", by_alias=True, exclude_none=True))
+        return _drop_empty(_dump(value))
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     return value
+
+
+def _local_only(field: pydantic.fields.FieldInfo) -> bool:
+    extra = field.json_schema_extra
+    return isinstance(extra, dict) and all(extra.get(k) == v for k, v in spec.LOCAL_DEFAULT.items())
+
+
+def _dump(model: pydantic.BaseModel) -> dict[str, Any]:
+    """A model's manifest form as a CRD default: without fields whose default is ``echorl run``'s only."""
+    dumped = model.model_dump(mode="json", by_alias=True, exclude_none=True)
+    out: dict[str, Any] = {}
+    for name, field in type(model).model_fields.items():
+        key = field.alias or name
+        if key not in dumped or _local_only(field):
+            continue
+        value = getattr(model, name)
+        if isinstance(value, pydantic.BaseModel):
+            out[key] = _dump(value)
+        elif isinstance(value, list) and value and all(isinstance(v, pydantic.BaseModel) for v in value):
+            out[key] = [_dump(v) for v in value]
+        else:
+            out[key] = dumped[key]
+    return out
 
 
 def _drop_empty(value: Any) -> Any:
@@ -138,8 +163,9 @@ def structural(node: dict[str, Any], defs: dict[str, Any], path: str = "") -> di
     out: dict[str, Any] = {}
     if "const" in node:
         out["enum"] = [node["const"]]
+    local_default = all(node.get(k) == v for k, v in spec.LOCAL_DEFAULT.items())
     for key, value in node.items():
-        if key not in _KEEP:
+        if key not in _KEEP or (key == "default" and local_default):
             continue
         if key == "properties":
             out[key] = {name: structural(sub, defs, f"{path}.{name}") for name, sub in value.items()}
@@ -164,7 +190,39 @@ def structural(node: dict[str, Any], defs: dict[str, Any], path: str = "") -> di
             out[key] = copy.deepcopy(value)
     if "type" not in out and "x-kubernetes-preserve-unknown-fields" not in out:
         raise SchemaError(f"{path or '<root>'}: no type (a structural schema needs one everywhere)")
+    if out.get("description"):
+        out["description"] = " ".join([out["description"], *facts(out)])
     return _ordered(out)
+
+
+def facts(node: dict[str, Any]) -> list[str]:
+    """The default and bounds of a schema node in words, for its description (``kubectl explain`` shows
+    the description and the type, not the default or the bounds)."""
+    out: list[str] = []
+    low, high = node.get("minimum"), node.get("maximum")
+    if low is not None or high is not None:
+        parts = []
+        if low is not None:
+            parts.append(f"{'>' if node.get('exclusiveMinimum') else '≥'} {low}")
+        if high is not None:
+            parts.append(f"{'<' if node.get('exclusiveMaximum') else '≤'} {high}")
+        out.append(f"Must be {' and '.join(parts)}.")
+    for unit, low_key, high_key in (
+        ("characters", "minLength", "maxLength"),
+        ("items", "minItems", "maxItems"),
+    ):
+        low, high = node.get(low_key), node.get(high_key)
+        if low is not None and high is not None:
+            out.append(f"{low} to {high} {unit}.")
+        elif high is not None:
+            out.append(f"At most {high} {unit}.")
+        elif low is not None and low > 1:
+            out.append(f"At least {low} {unit}.")
+    default = node.get("default")
+    if isinstance(default, (str, int, float, bool)) and not (isinstance(default, str) and default == ""):
+        shown = str(default).lower() if isinstance(default, bool) else default
+        out.append(f"Default: `{shown}`.")
+    return out
 
 
 def _resolve(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
@@ -209,7 +267,9 @@ def object_schema(model: type[pydantic.BaseModel]) -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string", "description": "echorl.dev/v1alpha1"},
             "kind": {"type": "string"},
-            "metadata": {"type": "object"},
+            # Only name is declared (Kubernetes allows no more under metadata): so that a CEL rule of
+            # the object can report on `metadata.name` (a fieldPath must exist in the schema).
+            "metadata": {"type": "object", "properties": {"name": {"type": "string"}}},
             "spec": structural(props["spec"], defs, "spec"),
             "status": structural(props["status"], defs, "status"),
         },

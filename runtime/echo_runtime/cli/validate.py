@@ -1,4 +1,10 @@
-"""``echorl validate FILE...``: check manifests and print every problem with its field path."""
+"""``echorl validate [--local] FILE...``: check manifests and print every problem with its field path.
+
+By default a file is checked as the API server checks it with Echo's CRDs installed: the models' rules
+plus the cluster-only ones (S3 storage, an explicit model path, a job name of at most 40 characters,
+no pool named ``trainer`` or ``coordinator``, no ``Colocated`` mode). ``--local`` checks a file as
+``echorl run`` reads it instead. Documents of other kinds (a Secret, an HPA) are skipped and listed.
+"""
 
 from __future__ import annotations
 
@@ -8,18 +14,26 @@ from echo_runtime import spec
 
 
 @click.command()
+@click.option(
+    "--local",
+    is_flag=True,
+    help="Check the file for `echorl run` (Local storage, Colocated mode, the default model allowed) "
+    "instead of for a cluster.",
+)
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
-def validate(files: tuple[str, ...]) -> None:
+def validate(files: tuple[str, ...], local: bool) -> None:
     """Validate EchoJob / InferenceSwarm / TrainingSwarm / SyncPolicy manifests.
 
-    Prints each problem as PATH: MESSAGE and exits 1 if any file has one. References between
-    objects in the same file (syncPolicyRef, trainingSwarmRef, swarmRef) are resolved; references
-    to objects not in the file are reported as notes, since they may exist in the cluster.
+    Prints each problem as PATH: MESSAGE and exits 1 if any file has one. Without --local the rules
+    are the cluster's, the same the API server applies through the CRDs; with --local, those of
+    `echorl run`. Documents of other kinds are skipped and listed. References between objects in the
+    same file (syncPolicyRef, trainingSwarmRef, swarmRef) are resolved; references to objects not in
+    the file are reported as notes, since they may exist in the cluster.
     """
     failed = False
     for name in files:
         try:
-            manifests = spec.load_file(name)
+            read = spec.read_file(name, cluster=not local)
         except spec.ManifestError as exc:
             failed = True
             click.echo(f"{name}: invalid ({len(exc.problems)} problem(s))", err=True)
@@ -27,13 +41,15 @@ def validate(files: tuple[str, ...]) -> None:
                 doc = f"[document {problem.document}] " if problem.document else ""
                 click.echo(f"  {doc}{problem}", err=True)
             continue
+        manifests = read.manifests
         for job in (m for m in manifests if isinstance(m, spec.EchoJob)):
             try:
                 spec.resolve(job, manifests)
             except spec.ManifestError as exc:
                 for problem in exc.problems:
                     click.echo(f"{name}: note: {job.metadata.name}: {problem} (must exist in the cluster)")
-        kinds = ", ".join(f"{m.kind}/{m.metadata.name}" for m in manifests)
-        click.echo(f"{name}: valid ({kinds})")
+        kinds = ", ".join(f"{m.kind}/{m.metadata.name}" for m in manifests) or "no Echo objects"
+        skipped = f"; skipped {', '.join(read.skipped)}" if read.skipped else ""
+        click.echo(f"{name}: valid{' for echorl run' if local else ''} ({kinds}{skipped})")
     if failed:
         raise SystemExit(1)

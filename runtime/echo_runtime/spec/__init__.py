@@ -1,17 +1,21 @@
 """Echo's manifest models: the single source of the CLI's, the runtime's and the CRDs' schemas.
 
 Kinds (``apiVersion: echorl.dev/v1alpha1``): :class:`EchoJob`, :class:`InferenceSwarm`,
-:class:`TrainingSwarm`, :class:`SyncPolicy`. Load files with :func:`load_file` / :func:`load_job`.
+:class:`TrainingSwarm`, :class:`SyncPolicy`. Load files with :func:`load_file` / :func:`load_job`
+(:func:`read_file` also lists the documents of other kinds it skipped).
 """
 
-from echo_runtime.spec.base import API_GROUP, API_VERSION, GROUP_VERSION, ObjectMeta, SpecModel
+from echo_runtime.spec.base import API_GROUP, API_VERSION, GROUP_VERSION, LOCAL_DEFAULT, ObjectMeta, SpecModel
 from echo_runtime.spec.load import (
+    Documents,
     ManifestError,
     Problem,
     ResolvedJob,
     load_documents,
     load_file,
     load_job,
+    read_documents,
+    read_file,
     resolve,
 )
 from echo_runtime.spec.objects import (
@@ -33,9 +37,11 @@ __all__ = [
     "API_VERSION",
     "GROUP_VERSION",
     "KINDS",
+    "LOCAL_DEFAULT",
     "Affinity",
     "Algorithm",
     "Condition",
+    "Documents",
     "EchoJob",
     "EchoJobSpec",
     "EchoJobStatus",
@@ -66,5 +72,7 @@ __all__ = [
     "load_documents",
     "load_file",
     "load_job",
+    "read_documents",
+    "read_file",
     "resolve",
 ]

@@ -4,6 +4,10 @@ Every spec model is a pydantic model whose Python attributes are snake_case and 
 are camelCase (the Kubernetes convention). Unknown keys are errors, so a typo never silently falls
 back to a default. These models are the single source of the CRD schemas, so every field carries a
 description, and bounds and enums live in the type (``Field(ge=...)``, ``Literal[...]``).
+
+Scalars are as strict as the CRD schema, so a file the API server refuses is refused here too:
+:data:`Int` takes an integer only (not ``"2"``, ``2.5`` or ``true``), :data:`Bool` takes ``true`` or
+``false`` only (not ``"false"`` or ``0``), :data:`Number` takes an integer or a float (not ``"1e-5"``).
 """
 
 from __future__ import annotations
@@ -11,12 +15,25 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict
 from pydantic.alias_generators import to_camel
 
 API_GROUP = "echorl.dev"
 API_VERSION = "v1alpha1"
 GROUP_VERSION = f"{API_GROUP}/{API_VERSION}"
+
+
+Int = Annotated[int, Strict()]
+"""An integer field (schema ``type: integer``): strings, booleans and fractions are refused (the loader
+reads ``2.0`` as ``2``, as kubectl sends it)."""
+Bool = Annotated[bool, Strict()]
+"""A boolean field (schema ``type: boolean``): only ``true`` and ``false``."""
+Number = Annotated[float, Strict()]
+"""A number field (schema ``type: number``): an integer or a float, never a string."""
+
+LOCAL_DEFAULT: dict[str, Any] = {"x-echorl-local-default": True}
+"""``json_schema_extra`` of a field whose default holds for ``echorl run`` only: the CRD gets no default
+for it, so that a cluster rule can require it."""
 
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from echo_runtime.spec.base import SpecModel, cel
+from echo_runtime.spec.base import Number, SpecModel, cel
 
 _FUNCTION = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
 _FIELD = r"^[^.\s][^\s]*$"
@@ -23,7 +23,7 @@ class RewardFunction(SpecModel):
 
     function: str = Field(min_length=3, pattern=_FUNCTION)
     """``module:function``, importable where the coordinator and workers run."""
-    weight: float = Field(default=1.0, ge=0)
+    weight: Number = Field(default=1.0, ge=0)
     """Its weight in the task's reward (a weighted mean over the checker and the functions)."""
 
 
@@ -63,7 +63,7 @@ class Dataset(SpecModel):
     ``path`` is for training."""
     heldout_split: str | None = Field(default=None, min_length=1)
     """The split of a ``DatasetDict`` directory whose rows are the held-out problems (e.g. ``test``)."""
-    heldout_fraction: float = Field(default=0.1, gt=0, lt=1)
+    heldout_fraction: Number = Field(default=0.1, gt=0, lt=1)
     """Without ``heldoutPath`` / ``heldoutSplit``: the share of rows held out, chosen by a stable hash of
     each row's key (its ``idField``, else its prompt), the same on every machine."""
     prompt_field: str = Field(default="prompt", min_length=1, pattern=_FIELD)
@@ -82,7 +82,7 @@ class Dataset(SpecModel):
     number, equal as exact fractions; a non-numeric boxed answer equal as normalised text), ``Numeric``
     (the last number), ``Exact`` (the boxed answer or the whole completion, equal after trimming
     whitespace), or ``None`` (reward functions only)."""
-    checker_weight: float = Field(default=1.0, ge=0)
+    checker_weight: Number = Field(default=1.0, ge=0)
     """The checker's weight in the reward."""
     reward_functions: list[RewardFunction] = Field(default_factory=list)
     """User reward functions, each with a weight; the reward is the weighted mean of the checker and

@@ -4,12 +4,20 @@
 ``<path>: <what is wrong and what is allowed>`` (``spec.syncPolicy.maxStaleness: must be ≥ 0, got -1``).
 ``resolve`` turns an EchoJob plus the objects it references into one self-contained
 :class:`ResolvedJob`, which is what the runtime and the operator consume.
+
+A file may hold documents of other kinds (the Secret an EchoJob's storage names, an HPA): they are
+skipped, and :func:`read_documents` lists them. ``cluster=True`` adds the rules that hold only in a
+cluster (each kind's ``cluster_problems``), which the CRD's CEL rules enforce on the API server, and
+reads ``key: null`` as the API server does (as if the key were absent); without it a file is checked
+as ``echorl run`` reads it. Values are read as kubectl sends them: ``1e-5`` is a number (PyYAML's
+YAML 1.1 would make it a string) and ``2.0`` the integer 2.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,7 +25,7 @@ from typing import Any
 import pydantic
 import yaml
 
-from echo_runtime.spec.base import GROUP_VERSION
+from echo_runtime.spec.base import API_GROUP, GROUP_VERSION
 from echo_runtime.spec.objects import KINDS, EchoJob, EchoJobSpec, Manifest
 from echo_runtime.spec.policy import SyncPolicySpec
 from echo_runtime.spec.swarms import InferenceSwarmSpec, TrainingSwarmSpec
@@ -150,7 +158,46 @@ def _message(err: Any, model: type[pydantic.BaseModel]) -> tuple[tuple[str | int
     return loc, str(err["msg"])
 
 
-def _validate_document(doc: Any, index: int) -> tuple[Manifest | None, list[Problem]]:
+class _Loader(yaml.SafeLoader):
+    """A safe loader whose floats are YAML 1.2's (as go-yaml's, which kubectl uses): ``1e-5``, ``2E3``."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def _is_ours(doc: Any) -> bool:
+    """Whether a document is one of Echo's (or meant to be): any other kind is skipped, not refused."""
+    if not isinstance(doc, dict):
+        return True
+    api_version, kind = doc.get("apiVersion"), doc.get("kind")
+    if not isinstance(api_version, str) or not isinstance(kind, str):
+        return True
+    return api_version.split("/")[0] == API_GROUP or kind in KINDS
+
+
+def _as_kubectl_sends(value: Any, cluster: bool, path: tuple[str, ...] = ()) -> Any:
+    """``value`` as the API server receives it from kubectl: ``2.0`` becomes the integer 2 (YAML to
+    JSON), and with ``cluster`` every ``key: null`` is gone (the API server prunes nulls of non-nullable
+    fields, then defaults them). Free-form task options are left as written."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [_as_kubectl_sends(v, cluster, path) for v in value]
+    if not isinstance(value, dict) or path[-2:] == ("task", "options"):
+        return value
+    return {
+        k: _as_kubectl_sends(v, cluster, (*path, str(k)))
+        for k, v in value.items()
+        if v is not None or not cluster
+    }
+
+
+def _validate_document(doc: Any, index: int, cluster: bool = False) -> tuple[Manifest | None, list[Problem]]:
+    doc = _as_kubectl_sends(doc, cluster)
     if not isinstance(doc, dict):
         return None, [Problem("", f"document {index}: must be a mapping with apiVersion and kind", index)]
     problems: list[Problem] = []
@@ -172,37 +219,67 @@ def _validate_document(doc: Any, index: int) -> tuple[Manifest | None, list[Prob
                 continue  # already reported above in plainer words
             problems.append(Problem(_join(loc), message, index))
         return None, problems
+    if cluster and not problems:
+        problems = [Problem(path, message, index) for path, message in obj.cluster_problems()]
     return obj, problems
 
 
-def load_documents(text: str, source: str = "") -> list[Manifest]:
-    """Parse and validate every YAML document in ``text``; raise ManifestError with all problems."""
+@dataclasses.dataclass(frozen=True)
+class Documents:
+    """The validated Echo objects of a file, and the documents of other kinds it skipped."""
+
+    manifests: list[Manifest]
+    skipped: list[str]
+    """``Kind/name`` of each skipped document (a Secret, an HPA), in file order."""
+
+
+def read_documents(text: str, source: str = "", *, cluster: bool = False) -> Documents:
+    """Parse and validate every Echo document in ``text`` (``cluster``: with the cluster-only rules).
+
+    Raises ManifestError with every problem; documents of other kinds are skipped and listed.
+    """
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        docs = [d for d in yaml.load_all(text, Loader=_Loader) if d is not None]
     except yaml.YAMLError as exc:
         raise ManifestError([Problem("", f"not valid YAML: {exc}")], source) from exc
     if not docs:
         raise ManifestError([Problem("", "no YAML documents found")], source)
     manifests: list[Manifest] = []
+    skipped: list[str] = []
     problems: list[Problem] = []
     for index, doc in enumerate(docs):
-        obj, found = _validate_document(doc, index)
+        if not _is_ours(doc):
+            meta = doc.get("metadata")
+            name = meta.get("name") if isinstance(meta, dict) else None
+            skipped.append(f"{doc['kind']}/{name}" if name else doc["kind"])
+            continue
+        obj, found = _validate_document(doc, index, cluster)
         problems.extend(found)
-        if obj is not None:
+        if obj is not None and not found:
             manifests.append(obj)
     if problems:
         raise ManifestError(problems, source)
-    return manifests
+    return Documents(manifests, skipped)
 
 
-def load_file(path: str | Path) -> list[Manifest]:
-    """Read and validate a manifest file (one or more YAML documents)."""
+def load_documents(text: str, source: str = "", *, cluster: bool = False) -> list[Manifest]:
+    """The validated Echo objects in ``text`` (see :func:`read_documents`); other kinds are skipped."""
+    return read_documents(text, source, cluster=cluster).manifests
+
+
+def read_file(path: str | Path, *, cluster: bool = False) -> Documents:
+    """Read and validate a manifest file (one or more YAML documents); see :func:`read_documents`."""
     path = Path(path)
     try:
         text = path.read_text()
     except OSError as exc:
         raise ManifestError([Problem("", f"cannot read {path}: {exc.strerror}")], str(path)) from exc
-    return load_documents(text, str(path))
+    return read_documents(text, str(path), cluster=cluster)
+
+
+def load_file(path: str | Path, *, cluster: bool = False) -> list[Manifest]:
+    """The validated Echo objects of a manifest file; documents of other kinds are skipped."""
+    return read_file(path, cluster=cluster).manifests
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,6 +2,11 @@
 
 An EchoJob names its model, task, algorithm and storage, and either embeds its sync policy and
 swarms or references separate objects by name (shared pools, a SyncPolicy used by several jobs).
+
+Some rules hold only in a cluster (``echorl validate`` without ``--local``, and the API server through
+the CRD's CEL): an EchoJob there needs S3 storage and an explicit model path, a short name, no pool named
+after another child of the job, and no ``Colocated`` mode. Each kind states them once, in
+``cluster_problems``, next to the CEL rule that restates it for the API server, with the same message.
 """
 
 from __future__ import annotations
@@ -10,10 +15,29 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from echo_runtime.spec.base import ObjectMeta, SpecModel, cel
-from echo_runtime.spec.policy import Algorithm, Model, SyncPolicySpec, Task
+from echo_runtime.spec.base import Bool, Int, ObjectMeta, SpecModel, cel
+from echo_runtime.spec.policy import COLOCATED_IN_CLUSTER, Algorithm, Model, SyncPolicySpec, Task
 from echo_runtime.spec.status import EchoJobStatus, SwarmStatus
 from echo_runtime.spec.swarms import InferencePool, InferenceSwarmSpec, Storage, TrainingSwarmSpec
+
+MAX_JOB_NAME = 40
+"""Longest EchoJob name in a cluster: it prefixes child names such as ``<job>-coordinator-external``."""
+JOB_NAME_IN_CLUSTER = (
+    f"must start with a letter and have at most {MAX_JOB_NAME} characters in a cluster: an EchoJob's name "
+    "prefixes the names of its Services and pods"
+)
+STORAGE_IN_CLUSTER = (
+    "required in a cluster: a storage block with type S3, an endpoint and a bucket (pods on different nodes "
+    "share snapshots through S3/MinIO)"
+)
+S3_IN_CLUSTER = "must be S3 in a cluster: pods on different nodes share snapshots through S3/MinIO (Local is for `echorl run`)"
+MODEL_PATH_IN_CLUSTER = (
+    "required in a cluster: name the model to train (a hub id, a path in the image or on a volume, or "
+    "echorl:tiny); only `echorl run` defaults it to echorl:tiny"
+)
+RESERVED_POOL_NAMES = (
+    "pool names 'trainer' and 'coordinator' are reserved in a cluster: they name other children of the job"
+)
 
 
 class EchoJobSpec(SpecModel):
@@ -33,7 +57,7 @@ class EchoJobSpec(SpecModel):
             ),
             (  # in a cluster they would collide with `<job>-trainer-join` and `<job>-coordinator`
                 "self.inferenceSwarms.all(p, p.name != 'trainer' && p.name != 'coordinator')",
-                "pool names 'trainer' and 'coordinator' are reserved: they name other children of the job",
+                RESERVED_POOL_NAMES,
                 ".inferenceSwarms",
             ),
         )
@@ -64,13 +88,13 @@ class EchoJobSpec(SpecModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     """Inference pools; each inline or a ``swarmRef``."""
-    suspend: bool = False
+    suspend: Bool = False
     """Scale every process of the job to zero (state in the snapshot store is kept)."""
-    backoff_limit: int = Field(default=3, ge=0, le=1000)
+    backoff_limit: Int = Field(default=3, ge=0, le=1000)
     """How many times the trainer may fail before the job is Failed (as a Kubernetes Job's
     ``backoffLimit``). Every rank of the trainer restarts together, from the last checkpoint; a pod
     deleted by hand counts as a failure, a disruption (eviction, preemption) does not."""
-    ttl_seconds_after_finished: int | None = Field(default=None, ge=0)
+    ttl_seconds_after_finished: Int | None = Field(default=None, ge=0)
     """Seconds after the job Succeeded or Failed before its children (Deployments, Services, the
     trainer Job, Secrets, ConfigMap) are deleted; the EchoJob, its status and the snapshots stay.
     Unset: the children stay (scaled to zero) until the job is deleted."""
@@ -94,20 +118,26 @@ class EchoJobSpec(SpecModel):
 class EchoJob(SpecModel):
     """An RL post-training job (``kind: EchoJob``)."""
 
-    # Rules only the API server applies: a cluster's pods share snapshots through S3, and child
-    # names (``<name>-coordinator``, ``<name>-trainer-0``) must stay valid DNS labels.
+    # Cluster-only rules (see cluster_problems): a cluster's pods share snapshots through S3, child
+    # names (``<name>-coordinator``, ``<name>-trainer-0``) must stay valid DNS labels, and a job
+    # without a model path would silently train the tiny built-in model.
     model_config = ConfigDict(
         json_schema_extra=cel(
-            (  # no fieldPath: it cannot point into metadata
-                "self.metadata.name.size() <= 40 && self.metadata.name.matches('^[a-z]')",
-                "EchoJob names must start with a letter and have at most 40 characters: they prefix "
-                "the names of the job's Services and pods",
+            (
+                f"self.metadata.name.size() <= {MAX_JOB_NAME} && self.metadata.name.matches('^[a-z]')",
+                JOB_NAME_IN_CLUSTER,
+                ".metadata.name",
+            ),
+            ("has(self.spec)", STORAGE_IN_CLUSTER, ".spec"),
+            (  # an omitted storage block is defaulted to Local by the API server, so this catches it too
+                "!has(self.spec) || self.spec.storage.type == 'S3'",
+                S3_IN_CLUSTER,
+                ".spec.storage.type",
             ),
             (
-                "has(self.spec) && self.spec.storage.type == 'S3'",
-                "must be S3 in a cluster: pods on different nodes share snapshots through "
-                "S3/MinIO (manifests/ ships a dev MinIO)",
-                ".spec.storage.type",
+                "!has(self.spec) || has(self.spec.model.path)",
+                MODEL_PATH_IN_CLUSTER,
+                ".spec.model.path",
             ),
         )
     )
@@ -117,6 +147,31 @@ class EchoJob(SpecModel):
     metadata: ObjectMeta
     spec: EchoJobSpec = Field(default_factory=EchoJobSpec)
     status: EchoJobStatus | None = None
+
+    def cluster_problems(self) -> list[tuple[str, str]]:
+        """(field path, message) for each cluster-only rule this job breaks; the CEL rules above and
+        EchoJobSpec's reserved-name rule restate them for the API server."""
+        out: list[tuple[str, str]] = []
+        name = self.metadata.name
+        if len(name) > MAX_JOB_NAME:
+            out.append(("metadata.name", f"{JOB_NAME_IN_CLUSTER}, got {len(name)} characters"))
+        elif not name[0].isalpha():
+            out.append(("metadata.name", f"{JOB_NAME_IN_CLUSTER}, got {name!r}"))
+        if "spec" not in self.model_fields_set:
+            return [*out, ("spec", STORAGE_IN_CLUSTER)]
+        job = self.spec
+        if "storage" not in job.model_fields_set:
+            out.append(("spec.storage", STORAGE_IN_CLUSTER))
+        elif job.storage.type != "S3":
+            out.append(("spec.storage.type", f"{S3_IN_CLUSTER}, got {job.storage.type!r}"))
+        if "path" not in job.model.model_fields_set:
+            out.append(("spec.model.path", MODEL_PATH_IN_CLUSTER))
+        for i, pool in enumerate(job.inference_swarms):
+            if pool.name in ("trainer", "coordinator"):
+                out.append((f"spec.inferenceSwarms[{i}].name", f"{RESERVED_POOL_NAMES}, got {pool.name!r}"))
+        if job.sync_policy is not None and job.sync_policy.mode == "Colocated":
+            out.append(("spec.syncPolicy.mode", COLOCATED_IN_CLUSTER))
+        return out
 
 
 class InferenceSwarm(SpecModel):
@@ -128,6 +183,10 @@ class InferenceSwarm(SpecModel):
     spec: InferenceSwarmSpec = Field(default_factory=InferenceSwarmSpec)
     status: SwarmStatus | None = None
 
+    def cluster_problems(self) -> list[tuple[str, str]]:
+        """None: a swarm obeys the same rules in a cluster as for ``echorl run``."""
+        return []
+
 
 class TrainingSwarm(SpecModel):
     """A training group that jobs reference (``kind: TrainingSwarm``)."""
@@ -138,6 +197,10 @@ class TrainingSwarm(SpecModel):
     spec: TrainingSwarmSpec = Field(default_factory=TrainingSwarmSpec)
     status: SwarmStatus | None = None
 
+    def cluster_problems(self) -> list[tuple[str, str]]:
+        """None: a swarm obeys the same rules in a cluster as for ``echorl run``."""
+        return []
+
 
 class SyncPolicy(SpecModel):
     """A sync policy that jobs reference (``kind: SyncPolicy``)."""
@@ -147,6 +210,10 @@ class SyncPolicy(SpecModel):
     metadata: ObjectMeta
     spec: SyncPolicySpec = Field(default_factory=SyncPolicySpec)
     status: SwarmStatus | None = None
+
+    def cluster_problems(self) -> list[tuple[str, str]]:
+        """(field path, message) for each cluster-only rule (SyncPolicySpec's CEL restates them)."""
+        return [("spec.mode", COLOCATED_IN_CLUSTER)] if self.spec.mode == "Colocated" else []
 
 
 Manifest = EchoJob | InferenceSwarm | TrainingSwarm | SyncPolicy

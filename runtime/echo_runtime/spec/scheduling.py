@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from echo_runtime.spec.base import SpecModel
+from echo_runtime.spec.base import Int, SpecModel
 
 Quantity = str
 """A Kubernetes resource quantity such as ``"500m"``, ``"4Gi"`` or ``"1"``."""
@@ -36,7 +36,7 @@ class Toleration(SpecModel):
     """Taint value to match (with ``Equal``)."""
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     """Taint effect to match; empty matches every effect."""
-    toleration_seconds: int | None = Field(default=None, ge=0)
+    toleration_seconds: Int | None = Field(default=None, ge=0)
     """``NoExecute`` only: how long the pod stays bound after the taint appears."""
 
 
@@ -61,7 +61,7 @@ class NodeSelectorTerm(SpecModel):
 class PreferredSchedulingTerm(SpecModel):
     """A weighted preference for nodes matching ``preference``."""
 
-    weight: int = Field(ge=1, le=100)
+    weight: Int = Field(ge=1, le=100)
     """Added to a node's score when it matches ``preference``."""
     preference: NodeSelectorTerm
     """The node selector term to prefer."""

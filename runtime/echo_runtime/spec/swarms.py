@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from echo_runtime.spec.base import SpecModel, cel
+from echo_runtime.spec.base import Bool, Int, SpecModel, cel
 from echo_runtime.spec.scheduling import Placement
 
 
@@ -20,10 +20,8 @@ class Storage(SpecModel):
 
     model_config = ConfigDict(
         json_schema_extra=cel(
-            (
-                "self.type != 'S3' || (has(self.endpoint) && has(self.bucket))",
-                "endpoint and bucket are required when type is S3",
-            ),
+            ("self.type != 'S3' || has(self.endpoint)", "endpoint is required when type is S3", ".endpoint"),
+            ("self.type != 'S3' || has(self.bucket)", "bucket is required when type is S3", ".bucket"),
             (
                 "self.type == oldSelf.type && self.prefix == oldSelf.prefix && self.path == oldSelf.path"
                 " && (has(self.bucket) ? has(oldSelf.bucket) && self.bucket == oldSelf.bucket"
@@ -46,7 +44,7 @@ class Storage(SpecModel):
     """S3: bucket name (created by the operator or ``echorl run`` if missing)."""
     prefix: str = Field(default="", pattern=r"^([^/].*)?$")
     """Key prefix inside the bucket; the layout below it is ``<job>/snapshots/<version>/``."""
-    secure: bool = True
+    secure: Bool = True
     """S3: use HTTPS."""
     region: str | None = None
     """S3: region of the bucket (MinIO ignores it)."""
@@ -61,7 +59,8 @@ class Storage(SpecModel):
         if self.type == "S3":
             missing = [name for name in ("endpoint", "bucket") if getattr(self, name) is None]
             if missing:
-                raise ValueError(f"{missing[0]}: required when type is S3")
+                also = f" (and so is {missing[1]})" if len(missing) > 1 else ""
+                raise ValueError(f"{missing[0]}: required when type is S3{also}")
         return self
 
 
@@ -98,23 +97,23 @@ class InferenceSwarmSpec(Placement):
     backend: Backend = "transformers"
     """``transformers`` (torch: CPU, CUDA, MPS), ``mlx`` (Apple Silicon; slow on Linux CPU) or
     ``vllm`` (CUDA only)."""
-    replicas: int | None = Field(default=None, ge=0, le=100_000)
+    replicas: Int | None = Field(default=None, ge=0, le=100_000)
     """Worker count. Optional so an autoscaler or ``kubectl scale`` may own it (default 1)."""
     device: Device = "auto"
     """Torch device: ``auto`` picks CUDA, then MPS, then CPU."""
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
     """Inference dtype; defaults to the model's dtype."""
-    external: bool = False
+    external: Bool = False
     """Workers join from outside the cluster with a join token; no pods are created."""
-    capacity: int = Field(default=1, ge=1, le=1024)
+    capacity: Int = Field(default=1, ge=1, le=1024)
     """Tasks (groups) one worker holds leases on at once."""
-    max_workers: int | None = Field(default=None, ge=1, le=100_000)
+    max_workers: Int | None = Field(default=None, ge=1, le=100_000)
     """Most workers the pool's join token may have registered at once; workers the trainer quarantined
     count until the job ends, so a caught worker cannot simply join again. Unset: no limit."""
-    max_leases: int | None = Field(default=None, ge=1, le=1_000_000)
+    max_leases: Int | None = Field(default=None, ge=1, le=1_000_000)
     """Most leases the pool's workers hold together, so one pool (or one hoarding worker) cannot take
     all the work. Unset: no limit beyond ``capacity`` per worker."""
-    threads: int | None = Field(default=None, ge=1, le=1024)
+    threads: Int | None = Field(default=None, ge=1, le=1024)
     """CPU threads per worker (torch/mlx); default: the process's share of the cores."""
 
     @model_validator(mode="after")
@@ -181,17 +180,17 @@ class TrainingSwarmSpec(Placement):
         )
     )
 
-    nodes: int = Field(default=1, ge=1, le=4096)
+    nodes: Int = Field(default=1, ge=1, le=4096)
     """Trainer nodes (pods of the trainer StatefulSet); torchrun ``--nnodes``."""
-    processes_per_node: int = Field(default=1, ge=1, le=64)
+    processes_per_node: Int = Field(default=1, ge=1, le=64)
     """torchrun ``--nproc-per-node``; one per GPU on GPU nodes."""
-    gpus_per_node: int = Field(default=0, ge=0, le=64)
+    gpus_per_node: Int = Field(default=0, ge=0, le=64)
     """GPUs each trainer pod requests (``nvidia.com/gpu``); 0 trains on CPU."""
     device: Device = "auto"
     """Torch device: ``auto`` picks CUDA, then MPS, then CPU."""
-    checkpoint_interval: int = Field(default=10, ge=1)
+    checkpoint_interval: Int = Field(default=10, ge=1)
     """Checkpoint (weights, optimizer, step, RNG) every N optimizer steps."""
-    threads: int | None = Field(default=None, ge=1, le=1024)
+    threads: Int | None = Field(default=None, ge=1, le=1024)
     """CPU threads per trainer process (torch); default: the process's share of the cores."""
 
     @model_validator(mode="after")

@@ -130,17 +130,71 @@ def test_cel_rules_restate_the_model_validators() -> None:
         "the vllm backend needs CUDA",
         "the mlx backend runs on Apple Silicon",
         "external pools create no pods",
-        "endpoint and bucket are required",
+        "endpoint is required when type is S3",
+        "bucket is required when type is S3",
         "processesPerNode must be ≤ gpusPerNode",
         "model is immutable",
         "storage type, bucket, prefix and path are immutable",
         "must be S3 in a cluster",
-        "EchoJob names must start with a letter",
+        "must start with a letter and have at most 40 characters in a cluster",
+        "model to train",
+        "mode Colocated is local-only",
         "pool names 'trainer' and 'coordinator' are reserved",
     ):
         assert expected in messages
     assert "self == oldSelf" in rules_of("EchoJob").values()
     assert any("maxStaleness" in m for m in rules_of("SyncPolicy"))
+
+
+def test_cluster_rules_say_what_the_python_rules_say() -> None:
+    # `echorl validate` (without --local) and the API server word each cluster-only rule the same way.
+    from echo_runtime.spec import objects, policy
+
+    messages = set(rules_of("EchoJob"))
+    for text in (
+        objects.JOB_NAME_IN_CLUSTER,
+        objects.S3_IN_CLUSTER,
+        objects.STORAGE_IN_CLUSTER,
+        objects.MODEL_PATH_IN_CLUSTER,
+        objects.RESERVED_POOL_NAMES,
+        policy.COLOCATED_IN_CLUSTER,
+    ):
+        assert text in messages
+    assert policy.COLOCATED_IN_CLUSTER in rules_of("SyncPolicy")
+    paths = {r["message"]: r.get("fieldPath") for r in schema("EchoJob")["x-kubernetes-validations"]}
+    assert paths[objects.JOB_NAME_IN_CLUSTER] == ".metadata.name"
+    assert paths[objects.MODEL_PATH_IN_CLUSTER] == ".spec.model.path"
+
+
+def test_cross_field_rules_wait_for_the_field_they_compare_with() -> None:
+    # A negative maxStaleness (or learningRate) is its own field's error, not also refreshThreshold's.
+    rules = rules_of("SyncPolicy")
+    refresh = next(r for m, r in rules.items() if m.startswith("refreshThreshold must be ≤ maxStaleness"))
+    assert refresh.startswith("self.maxStaleness < 0 ||")
+    lr = next(r for m, r in rules_of("EchoJob").items() if m.startswith("minLearningRate must be ≤"))
+    assert lr.startswith("self.learningRate <= 0.0 ||")
+
+
+def test_the_model_path_has_no_default_in_a_cluster() -> None:
+    model = schema("EchoJob")["properties"]["spec"]["properties"]["model"]
+    assert "default" not in model["properties"]["path"]
+    assert "path" not in model["default"] and model["default"]["dtype"] == "float32"
+    assert "Required in a cluster" in model["properties"]["path"]["description"]
+
+
+def test_descriptions_show_defaults_and_bounds_for_kubectl_explain() -> None:
+    sync = schema("SyncPolicy")["properties"]["spec"]["properties"]
+    assert sync["maxStaleness"]["description"].endswith("Must be ≥ 0 and ≤ 1024. Default: `1`.")
+    assert sync["mode"]["description"].endswith("Default: `Async`.")
+    algo = schema("EchoJob")["properties"]["spec"]["properties"]["algorithm"]["properties"]
+    assert "Must be > 0 and ≤ 1." in algo["learningRate"]["description"]
+    assert algo["gradientCheckpointing"]["description"].endswith("Default: `false`.")
+    pools = schema("EchoJob")["properties"]["spec"]["properties"]["inferenceSwarms"]
+    assert "1 to 64 items" in pools["description"]
+    for _, node in walk(schema("EchoJob")):
+        default = node.get("default")
+        if isinstance(default, (int, float, str)) and default != "" and "description" in node:
+            assert "Default:" in node["description"], node["description"]
 
 
 def _apply_defaults(node: dict[str, Any], value: Any) -> Any:

@@ -80,9 +80,158 @@ def test_missing_required_fields() -> None:
 
 
 def test_wrong_api_version_and_kind() -> None:
-    found = problems_of("apiVersion: v1\nkind: Pod\nmetadata: {name: x}\n")
-    assert found["apiVersion"] == "must be 'echorl.dev/v1alpha1', got 'v1'"
+    found = problems_of("apiVersion: echorl.dev/v1\nkind: EchoJob\nmetadata: {name: x}\n")
+    assert found["apiVersion"] == "must be 'echorl.dev/v1alpha1', got 'echorl.dev/v1'"
+    found = problems_of("apiVersion: echorl.dev/v1alpha1\nkind: Pod\nmetadata: {name: x}\n")
     assert found["kind"].startswith("must be one of EchoJob, InferenceSwarm")
+
+
+def test_documents_of_other_kinds_are_skipped_and_listed() -> None:
+    secret = "apiVersion: v1\nkind: Secret\nmetadata: {name: creds}\nstringData: {accessKey: a}\n"
+    hpa = "apiVersion: autoscaling/v2\nkind: HorizontalPodAutoscaler\nmetadata: {name: scale}\n"
+    read = spec.read_documents(secret + "---\n" + MINIMAL + "---\n" + hpa)
+    assert [(m.kind, m.metadata.name) for m in read.manifests] == [("EchoJob", "demo")]
+    assert read.skipped == ["Secret/creds", "HorizontalPodAutoscaler/scale"]
+    assert spec.read_documents(secret).manifests == []
+
+
+@pytest.mark.parametrize(
+    ("snippet", "path", "needle"),
+    [
+        ('inferenceSwarms: [{name: a, replicas: "2"}]', "spec.inferenceSwarms[0].replicas", "an integer"),
+        ("inferenceSwarms: [{name: a, replicas: 2.5}]", "spec.inferenceSwarms[0].replicas", "an integer"),
+        ("inferenceSwarms: [{name: a, replicas: true}]", "spec.inferenceSwarms[0].replicas", "an integer"),
+        (
+            'storage: {type: S3, endpoint: e, bucket: abc, secure: "false"}',
+            "spec.storage.secure",
+            "true or false",
+        ),
+        ("suspend: 0", "spec.suspend", "true or false"),
+        ('algorithm: {learningRate: "1e-4"}', "spec.algorithm.learningRate", "a number"),
+        ("algorithm: {clipRange: true}", "spec.algorithm.clipRange", "a number"),
+        ("syncPolicy: {maxStaleness: 1.5}", "spec.syncPolicy.maxStaleness", "an integer"),
+    ],
+)
+def test_scalars_are_as_strict_as_the_crd_schema(snippet: str, path: str, needle: str) -> None:
+    found = problems_of(MINIMAL + "spec:\n  " + snippet + "\n")
+    assert path in found, found
+    assert needle in found[path]
+
+
+def test_numbers_are_read_as_kubectl_reads_them() -> None:
+    # PyYAML's YAML 1.1 reads 1e-5 (no dot) as a string; kubectl's YAML reads it as a number.
+    (job,) = spec.load_documents(
+        MINIMAL + "spec:\n  algorithm: {learningRate: 1e-5, minLearningRate: 2E-6}\n"
+    )
+    assert isinstance(job, spec.EchoJob)
+    assert job.spec.algorithm.learning_rate == pytest.approx(1e-5)
+    assert job.spec.algorithm.min_learning_rate == pytest.approx(2e-6)
+    (job,) = spec.load_documents(MINIMAL + "spec:\n  algorithm: {learningRate: 1}\n")
+    assert isinstance(job, spec.EchoJob) and job.spec.algorithm.learning_rate == 1.0  # an integer is a number
+
+
+def test_integral_floats_and_nulls_are_read_as_the_api_server_reads_them() -> None:
+    # kubectl sends `2.0` as 2; the API server prunes `key: null` and then applies the default.
+    text = (
+        MINIMAL + "spec:\n  inferenceSwarms: [{name: a, replicas: 2.0}]\n  syncPolicy: {maxStaleness: null}\n"
+    )
+    assert problems_of(text) == {"spec.syncPolicy.maxStaleness": "must be an integer, got None"}
+    (job,) = spec.load_documents(text.replace("maxStaleness: null", "mode: Async"))
+    assert isinstance(job, spec.EchoJob) and job.spec.inference_swarms[0].replicas == 2
+    cluster = text + "  model: {path: m}\n  storage: {type: S3, endpoint: e, bucket: abc, region: null}\n"
+    (job,) = spec.load_documents(cluster, cluster=True)
+    assert isinstance(job, spec.EchoJob) and job.spec.sync_policy is not None
+    assert job.spec.sync_policy.max_staleness == 1
+
+
+def test_one_wrong_field_gives_one_problem() -> None:
+    assert problems_of(MINIMAL + "spec:\n  syncPolicy: {maxStaleness: -1}\n").keys() == {
+        "spec.syncPolicy.maxStaleness"
+    }
+    assert problems_of(MINIMAL + "spec:\n  algorithm: {learningRate: -1e-5}\n").keys() == {
+        "spec.algorithm.learningRate"
+    }
+    found = problems_of(MINIMAL + "spec:\n  storage: {type: S3}\n")
+    assert found == {"spec.storage.endpoint": "required when type is S3 (and so is bucket)"}
+    found = problems_of(MINIMAL + "spec:\n  storage: {type: S3, endpoint: e}\n")
+    assert found == {"spec.storage.bucket": "required when type is S3"}
+
+
+CLUSTER_JOB = """
+apiVersion: echorl.dev/v1alpha1
+kind: EchoJob
+metadata: {name: NAME}
+spec:
+  model: {path: Qwen/Qwen3-0.6B}
+  storage: {type: S3, endpoint: "minio:9000", bucket: echorl}
+"""
+
+
+def cluster_problems_of(text: str) -> dict[str, str]:
+    spec.load_documents(text)  # valid for `echorl run`
+    with pytest.raises(spec.ManifestError) as info:
+        spec.load_documents(text, cluster=True)
+    return {p.path: p.message for p in info.value.problems}
+
+
+def test_a_complete_cluster_job_passes_the_cluster_rules() -> None:
+    (job,) = spec.load_documents(CLUSTER_JOB.replace("NAME", "a" * 40), cluster=True)
+    assert job.metadata.name == "a" * 40
+
+
+@pytest.mark.parametrize(
+    ("text", "path", "needle"),
+    [
+        (CLUSTER_JOB.replace("NAME", "a" * 41), "metadata.name", "got 41 characters"),
+        (CLUSTER_JOB.replace("NAME", "9lives"), "metadata.name", "must start with a letter"),
+        (MINIMAL, "spec", "required in a cluster"),
+        (MINIMAL + "spec: {model: {path: m}}\n", "spec.storage", "required in a cluster"),
+        (
+            MINIMAL + "spec:\n  model: {path: m}\n  storage: {type: Local}\n",
+            "spec.storage.type",
+            "must be S3",
+        ),
+        (
+            CLUSTER_JOB.replace("NAME", "j").replace("  model: {path: Qwen/Qwen3-0.6B}\n", ""),
+            "spec.model.path",
+            "required",
+        ),
+        (
+            CLUSTER_JOB.replace("NAME", "j") + "  inferenceSwarms: [{name: a}, {name: coordinator}]\n",
+            "spec.inferenceSwarms[1].name",
+            "reserved",
+        ),
+        (
+            CLUSTER_JOB.replace("NAME", "j") + "  inferenceSwarms: [{name: trainer}]\n",
+            "spec.inferenceSwarms[0].name",
+            "reserved",
+        ),
+        (
+            CLUSTER_JOB.replace("NAME", "j") + "  syncPolicy: {mode: Colocated, maxStaleness: 0}\n",
+            "spec.syncPolicy.mode",
+            "local-only",
+        ),
+        (
+            MINIMAL.replace("EchoJob", "SyncPolicy") + "spec: {mode: Colocated, maxStaleness: 0}\n",
+            "spec.mode",
+            "local-only",
+        ),
+    ],
+)
+def test_cluster_only_rules(text: str, path: str, needle: str) -> None:
+    found = cluster_problems_of(text)
+    assert path in found, found
+    assert needle in found[path]
+
+
+def test_cluster_rules_report_every_problem_of_a_job() -> None:
+    text = MINIMAL.replace("demo", "0" + "x" * 45) + "spec:\n  inferenceSwarms: [{name: coordinator}]\n"
+    assert set(cluster_problems_of(text)) == {
+        "metadata.name",
+        "spec.storage",
+        "spec.model.path",
+        "spec.inferenceSwarms[0].name",
+    }
 
 
 @pytest.mark.parametrize(
