@@ -50,6 +50,7 @@ apiVersion: echorl.dev/v1alpha1
 kind: EchoJob
 metadata: {{name: {name}}}
 spec:
+  model: {{path: echorl:tiny}}
   storage: {{type: S3, endpoint: "minio:9000", bucket: echorl}}
 {extra}
 """
@@ -122,7 +123,11 @@ def test_invalid_manifests_are_rejected_with_a_clear_message(
     [
         (
             "apiVersion: echorl.dev/v1alpha1\nkind: EchoJob\nmetadata: {name: local}\n",
-            "must be S3 in a cluster",
+            'spec: Invalid value: "object": required in a cluster: a storage block with type S3',
+        ),
+        (
+            "apiVersion: echorl.dev/v1alpha1\nkind: EchoJob\nmetadata: {name: local}\nspec: {model: {path: m}}\n",
+            'spec.storage.type: Invalid value: "object": must be S3 in a cluster',
         ),
         (
             JOB.format(name="a-name-that-is-far-too-long-for-its-children-x", extra=""),
@@ -131,7 +136,7 @@ def test_invalid_manifests_are_rejected_with_a_clear_message(
         (JOB.format(name="1st", extra=""), "must start with a letter"),
         (
             "apiVersion: echorl.dev/v1alpha1\nkind: EchoJob\nmetadata: {name: s3}\nspec: {storage: {type: S3}}\n",
-            "endpoint and bucket are required when type is S3",
+            'spec.storage.endpoint: Invalid value: "object": endpoint is required when type is S3',
         ),
     ],
 )
@@ -143,15 +148,19 @@ def test_cluster_only_rules(
 
 
 @pytest.mark.parametrize(
-    ("change", "message"),
+    ("old", "new", "message"),
     [
-        ("  model: {path: Qwen/Qwen3-0.6B}", "model is immutable once the job exists"),
-        ("  model: {finetune: Full}", "model is immutable once the job exists"),
-        ("", "storage type, bucket, prefix and path are immutable"),
+        ("{path: echorl:tiny}", "{path: Qwen/Qwen3-0.6B}", "model is immutable once the job exists"),
+        (
+            "{path: echorl:tiny}",
+            "{path: echorl:tiny, finetune: Full}",
+            "model is immutable once the job exists",
+        ),
+        ("bucket: echorl", "bucket: elsewhere", "storage type, bucket, prefix and path are immutable"),
     ],
 )
 def test_model_and_store_are_immutable(
-    kube_apiserver: KubeApiServer, kube_namespace: str, change: str, message: str
+    kube_apiserver: KubeApiServer, kube_namespace: str, old: str, new: str, message: str
 ) -> None:
     kubectl_ok(
         kube_apiserver,
@@ -163,9 +172,7 @@ def test_model_and_store_are_immutable(
         "-",
         input=JOB.format(name="fixed", extra=""),
     )
-    changed = JOB.format(name="fixed", extra=change)
-    if not change:
-        changed = changed.replace("bucket: echorl", "bucket: elsewhere")
+    changed = JOB.format(name="fixed", extra="").replace(old, new)
     proc = kube_apiserver.kubectl("apply", "--server-side", "-n", kube_namespace, "-f", "-", input=changed)
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr
     allowed = JOB.format(name="fixed", extra="  algorithm: {learningRate: 0.001}\n  suspend: true")

@@ -33,6 +33,7 @@ def job_yaml(name: str, pools: int, storage: str) -> str:
         "kind: EchoJob",
         f"metadata: {{name: {name}}}",
         "spec:",
+        "  model: {path: echorl:tiny}",
         f"  storage: {storage}",
         "  inferenceSwarms:",
     ]

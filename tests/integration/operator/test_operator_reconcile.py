@@ -62,6 +62,7 @@ apiVersion: echorl.dev/v1alpha1
 kind: EchoJob
 metadata: {{name: hetero}}
 spec:
+  model: {{path: echorl:tiny}}
   storage: {storage}
   syncPolicy: {{mode: Async, maxStaleness: 2}}
   trainingSwarm: {{nodes: 2, processesPerNode: 2, gpusPerNode: 2, nodeSelector: {{echorl.dev/role: trainer}}}}
@@ -254,6 +255,7 @@ apiVersion: echorl.dev/v1alpha1
 kind: EchoJob
 metadata: {{name: small}}
 spec:
+  model: {{path: echorl:tiny}}
   storage: {storage}
   inferenceSwarms:
   - {{name: cpu, swarmRef: cpu-pool}}
@@ -406,6 +408,7 @@ apiVersion: echorl.dev/v1alpha1
 kind: EchoJob
 metadata: {{name: waiting}}
 spec:
+  model: {{path: echorl:tiny}}
   storage: {storage_yaml(bucket)}
   syncPolicyRef: strict
 """,
@@ -458,6 +461,7 @@ apiVersion: echorl.dev/v1alpha1
 kind: EchoJob
 metadata: {{name: doomed}}
 spec:
+  model: {{path: echorl:tiny}}
   storage: {storage_yaml(bucket, prefix="p", deletePolicy="Delete")}
 """,
     )

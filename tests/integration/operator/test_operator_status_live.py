@@ -105,6 +105,7 @@ apiVersion: echorl.dev/v1alpha1
 kind: EchoJob
 metadata: {{name: live}}
 spec:
+  model: {{path: echorl:tiny}}
   storage: {storage}
   syncPolicy: {{mode: Async, maxStaleness: 1}}
   algorithm: {{maxSteps: 50}}
