@@ -6,7 +6,7 @@ Run with ``kopf run -m echo_operator.handlers --all-namespaces`` (or ``echorl op
 * EchoJob created, resumed (operator start) or its ``spec`` changed → :meth:`Reconciler.reconcile`;
 * a daemon per EchoJob: the status pass every ``ECHORL_STATUS_INTERVAL`` seconds and a re-apply of
   the children every ``ECHORL_RESYNC_INTERVAL`` seconds (drift is undone; no drift, no writes);
-* EchoJob deleted → storage cleanup, only where a finalizer was needed (:func:`reconcile.needs_cleanup`);
+* EchoJob deleted → storage cleanup, only where a finalizer was needed (:func:`credentials.needs_cleanup`);
   everything else goes with the job through owner references;
 * InferenceSwarm / TrainingSwarm / SyncPolicy created, changed (``kubectl scale`` included) or deleted →
   the jobs that reference it are reconciled, and its ``status`` (``usedBy``, the scale subresource's
@@ -26,7 +26,7 @@ from typing import Any
 
 import kopf
 
-from echo_operator import names, reconcile
+from echo_operator import credentials, names, reconcile
 from echo_operator.config import Settings
 from echo_operator.kube import Kube, KubeError
 from echo_runtime import spec
@@ -116,7 +116,7 @@ async def monitor_job(stopped: kopf.DaemonStopped, body: kopf.Body, **_: Any) ->
 
 
 def _needs_cleanup(body: kopf.Body, **_: Any) -> bool:
-    return reconcile.needs_cleanup(body)
+    return credentials.needs_cleanup(body)
 
 
 @kopf.on.delete(GROUP, VERSION, "echojobs", when=_needs_cleanup, retries=5, backoff=5)

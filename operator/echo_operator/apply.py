@@ -1,0 +1,175 @@
+"""Apply and prune: make the job's children in the cluster what :func:`children.desired` says.
+
+Every child but the trainer Job is server-side applied (:meth:`Kube.apply`): unchanged objects are
+not written, fields other managers own are left alone. The trainer Job is a gang, so it is never
+patched: :func:`trainer_action` creates it when missing and replaces it, every rank, when what it runs
+changed (its spec hash); a Job being deleted is left to finish (Foreground: until its pods are gone),
+so two trainers never run at once. Children the job no longer needs are deleted (:func:`prune`), except
+the join Secrets (their tokens must outlive a pool being renamed back), the read-only storage Secret,
+and a finished job's trainer Job (its record and its pods' logs). An apply the API server refuses as
+invalid or conflicting (409, 422) is an ``ApplyFailed`` problem; other API failures are raised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal
+
+from echo_operator import children, context, lifecycle, names
+from echo_operator.kube import KubeError
+
+Object = dict[str, Any]
+Key = tuple[str, str]
+
+CHILD_KINDS: tuple[tuple[str, str], ...] = (
+    ("v1", "ConfigMap"),
+    ("v1", "Secret"),
+    ("v1", "Service"),
+    ("apps/v1", "Deployment"),
+    ("batch/v1", "Job"),
+)
+"""(apiVersion, kind) of everything an EchoJob may own."""
+
+
+def summary(verb: str, items: Iterable[str]) -> str:
+    listed = list(items)
+    return f"{verb} {len(listed)} object(s): {', '.join(listed)}"
+
+
+def trainer_action(
+    current: Mapping[str, Any] | None, wanted: Mapping[str, Any]
+) -> Literal["create", "replace"] | None:
+    """What to do with the trainer Job ``current`` (as stored) to run ``wanted``."""
+    if lifecycle.trainer_phase(current) == "Terminating":
+        return None
+    if current is None:
+        return "create"
+    have = (current["metadata"].get("annotations") or {}).get(names.SPEC_HASH)
+    return "replace" if have != wanted["metadata"]["annotations"][names.SPEC_HASH] else None
+
+
+def keep(job: children.JobInput, wanted: Sequence[Object]) -> set[Key]:
+    """The children that stay: the wanted ones, every join Secret, the read-only Secret, a finished trainer."""
+    out = {children.key(o) for o in wanted}
+    out |= {("Secret", names.join_secret(job.name, role)) for role in children.roles(job)}
+    out.add(("Secret", names.readonly_secret(job.name)))
+    if job.finished:  # the finished trainer Job stays, for its record and its pods' logs
+        out.add(("Job", names.trainer(job.name)))
+    return out
+
+
+def prune(existing: Mapping[Key, Object], kept: set[Key]) -> list[Key]:
+    """The existing children to delete (a trainer Job already being deleted is left to finish)."""
+    return [
+        key
+        for key, obj in existing.items()
+        if key not in kept and not (key[0] == "Job" and obj["metadata"].get("deletionTimestamp"))
+    ]
+
+
+def scaled_message(before: Mapping[str, Any], after: Mapping[str, Any]) -> str | None:
+    """The ``Scaled`` Event's message when an apply changed a Deployment's replicas (else None)."""
+    if after.get("kind") != "Deployment":
+        return None
+    old, new = before.get("spec", {}).get("replicas"), after.get("spec", {}).get("replicas")
+    if old == new:
+        return None
+    labels = after["metadata"].get("labels", {})
+    what = f"pool {labels[names.POOL]}" if names.POOL in labels else after["metadata"]["name"]
+    return f"{what}: {old} → {new} replica(s)"
+
+
+# -- I/O -------------------------------------------------------------------------------------------
+
+
+def existing_children(ctx: context.Context, namespace: str, name: str, uid: str) -> dict[Key, Object]:
+    """The job's children as stored: labelled with the job and owned by it (by uid)."""
+    found: dict[Key, Object] = {}
+    for api_version, kind in CHILD_KINDS:
+        for obj in ctx.kube.list(api_version, kind, namespace, {names.JOB: name}):
+            if context.owned_by(obj, uid):
+                found[(kind, obj["metadata"]["name"])] = obj
+    return found
+
+
+def sync_trainer(
+    ctx: context.Context,
+    body: Mapping[str, Any],
+    job: children.JobInput,
+    wanted: Object,
+    current: Object | None,
+) -> Literal["create", "replace"] | None:
+    """Carry out :func:`trainer_action`; returns what was done."""
+    action = trainer_action(current, wanted)
+    if action == "create":
+        ctx.kube.apply(wanted)
+    elif action == "replace" and current is not None:
+        ctx.kube.delete(
+            "batch/v1", "Job", job.namespace, names.trainer(job.name),
+            uid=current["metadata"]["uid"], propagation="Foreground",
+        )  # fmt: skip
+        ctx.events.post(
+            body, "Normal", "TrainerRestarted",
+            "the trainer's spec changed: every rank restarts together from the last checkpoint",
+        )  # fmt: skip
+    return action
+
+
+def apply_children(
+    ctx: context.Context,
+    body: Mapping[str, Any],
+    job: children.JobInput,
+    existing: Mapping[Key, Object],
+) -> None:
+    """Apply every wanted child, delete the unwanted ones, and say what changed in Events."""
+    wanted = children.desired(job, ctx.settings)
+    created: list[str] = []
+    updated: list[str] = []
+    for obj in wanted:
+        key = children.key(obj)
+        before = existing.get(key)
+        if obj["kind"] == "Job":
+            if sync_trainer(ctx, body, job, obj, before) == "create":
+                created.append(f"{key[0]} {key[1]}")
+            continue
+        try:
+            after = ctx.kube.apply(obj)
+        except KubeError as exc:
+            if exc.status in (409, 422):
+                raise ctx.problem(body, "ApplyFailed", f"{key[0]} {key[1]}: {exc.message}") from None
+            raise
+        if before is None:
+            created.append(f"{key[0]} {key[1]}")
+        elif before["metadata"].get("resourceVersion") != after["metadata"].get("resourceVersion"):
+            updated.append(f"{key[0]} {key[1]}")
+            message = scaled_message(before, after)
+            if message is not None:
+                ctx.events.post(body, "Normal", "Scaled", message)
+    removed = []
+    for key in prune(existing, keep(job, wanted)):
+        obj = existing[key]
+        ctx.kube.delete(
+            obj["apiVersion"], key[0], job.namespace, key[1], uid=obj["metadata"]["uid"],
+            # a Job goes only once its pods are gone: a resumed trainer never meets the old one
+            propagation="Foreground" if key[0] == "Job" else "Background",
+        )  # fmt: skip
+        removed.append(f"{key[0]} {key[1]}")
+    if created:
+        ctx.events.post(body, "Normal", "ChildrenCreated", summary("created", created))
+    if updated:
+        ctx.events.post(body, "Normal", "ChildrenUpdated", summary("updated", updated))
+    if removed:
+        ctx.events.post(body, "Normal", "ChildrenDeleted", summary("deleted", removed))
+
+
+def release(ctx: context.Context, body: Mapping[str, Any], existing: Mapping[Key, Object]) -> None:
+    """``ttlSecondsAfterFinished`` passed: delete every child; the EchoJob and its status stay."""
+    meta = body["metadata"]
+    for (kind, child), obj in existing.items():
+        ctx.kube.delete(obj["apiVersion"], kind, meta["namespace"], child, uid=obj["metadata"]["uid"])
+    if existing:
+        ttl = (body.get("spec") or {}).get("ttlSecondsAfterFinished")
+        ctx.events.post(
+            body, "Normal", "ChildrenDeleted",
+            summary(f"ttlSecondsAfterFinished ({ttl} s) passed: deleted", [f"{k} {n}" for k, n in existing]),
+        )  # fmt: skip

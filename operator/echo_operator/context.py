@@ -1,0 +1,109 @@
+"""What the reconciler's parts share: the API, the settings, the Event recorder and each job's memory.
+
+:class:`Context` is handed to every part (:mod:`echo_operator.references`,
+:mod:`echo_operator.credentials`, :mod:`echo_operator.tokens`, :mod:`echo_operator.apply`,
+:mod:`echo_operator.status_pass`). :class:`JobMemory` is what the operator remembers about one job
+between passes: it is lost on restart and rebuilt by the next passes (what must survive a restart is
+read back from the job's ``status`` and annotations). :class:`Problems` is how a part reports a
+problem a user can fix: the pass ends, and the problems go into ``status``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from echo_operator import children, events, lifecycle, pool_lag, storage
+from echo_operator import status as status_mod
+from echo_operator.config import Settings
+from echo_operator.kube import Kube
+from echo_runtime import spec
+from echo_runtime.coordinator import wire
+
+Object = dict[str, Any]
+GV = spec.GROUP_VERSION
+
+
+@dataclasses.dataclass
+class JobMemory:
+    """What the operator remembers about one job between passes (lost on restart, rebuilt by them)."""
+
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    job: children.JobInput | None = None
+    problems: tuple[status_mod.Problem, ...] = ()
+    trainer_token: str | None = None
+    storage_ready: str | None = None
+    """Fingerprint of the storage settings whose bucket and marker were last ensured."""
+    readonly_unsupported: str | None = None
+    """Why the store could not issue read-only credentials (asked once per operator run)."""
+    doc: wire.StatusDocument | None = None
+    doc_error: str | None = None
+    behind_since: dict[str, float] = dataclasses.field(default_factory=dict)
+    behind: dict[str, pool_lag.PoolLag] = dataclasses.field(default_factory=dict)
+    """Pools that cannot keep up, as of the last status pass."""
+    restarted: dict[str, float] = dataclasses.field(default_factory=dict)
+    outcome: lifecycle.Outcome | None = None
+    """How the job ended, once it did (also read back from ``status`` after an operator restart)."""
+    final_version: int | None = None
+    restarts: int | None = None
+    """``status.restarts`` as last written (None: read it from the job's status)."""
+    counted_jobs: set[str] = dataclasses.field(default_factory=set)
+    """UIDs of failed trainer Jobs already acted on (their deletion takes a moment)."""
+    store_credentials: storage.Credentials | None = None
+
+
+class Problems(Exception):
+    """Problems a user can fix; they end the pass and are reported in ``status``."""
+
+    def __init__(self, problems: Sequence[status_mod.Problem]) -> None:
+        super().__init__("; ".join(p.message for p in problems))
+        self.problems = tuple(problems)
+
+
+@dataclasses.dataclass
+class Context:
+    """The operator's API access, settings, Event recorder and the memory of every job."""
+
+    kube: Kube
+    settings: Settings
+    events: events.Recorder
+    _memory: dict[tuple[str, str], JobMemory] = dataclasses.field(default_factory=dict)
+    _memory_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+    def memory(self, namespace: str, name: str) -> JobMemory:
+        with self._memory_lock:
+            return self._memory.setdefault((namespace, name), JobMemory())
+
+    def forget(self, namespace: str, name: str) -> None:
+        with self._memory_lock:
+            self._memory.pop((namespace, name), None)
+
+    def problem(self, body: Mapping[str, Any], reason: str, message: str) -> Problems:
+        """Post the problem as a Warning Event; return it to be raised."""
+        self.events.post(body, "Warning", reason, message)
+        return Problems([status_mod.Problem(reason, message)])
+
+
+def now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
+    """Whether ``obj`` has an owner reference to the object with ``uid``."""
+    return any(ref.get("uid") == uid for ref in obj.get("metadata", {}).get("ownerReferences") or [])
+
+
+def owner(body: Mapping[str, Any]) -> Object:
+    """The controller owner reference to the EchoJob ``body``."""
+    meta = body["metadata"]
+    return {
+        "apiVersion": GV,
+        "kind": "EchoJob",
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }

@@ -1,0 +1,89 @@
+"""The status pass's own decisions: when the coordinator is read, an InferenceSwarm's status."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from conftest import MakeJob
+from echo_operator import lifecycle, names, status_pass
+
+NOW = "2026-02-03T04:05:06Z"
+
+
+def test_the_coordinator_is_read_only_while_the_job_runs(make_job: MakeJob) -> None:
+    job = make_job()
+    assert status_pass.why_unread(job, token_known=True) is None
+    assert status_pass.why_unread(None, token_known=False) == "not reconciled yet"
+    suspended = dataclasses.replace(job, spec=job.spec.model_copy(update={"suspend": True}))
+    assert status_pass.why_unread(suspended, token_known=True) == "suspended"
+    assert (
+        status_pass.why_unread(dataclasses.replace(job, finished=True), token_known=True) == "the job is over"
+    )
+
+
+def swarm(**spec: Any) -> dict[str, Any]:
+    return {"metadata": {"name": "cpu-pool", "generation": 4}, "spec": spec, "status": {}}
+
+
+def dep(replicas: int, ready: int) -> dict[str, Any]:
+    return {"status": {"replicas": replicas, "readyReplicas": ready}}
+
+
+def ready_of(status: dict[str, Any]) -> tuple[str, str, str]:
+    (cond,) = status["conditions"]
+    assert cond["type"] == "Ready"
+    return cond["status"], cond["reason"], cond["message"]
+
+
+def test_a_swarm_counts_the_pods_of_every_job_using_it() -> None:
+    status = status_pass.swarm_status(swarm(), [dep(2, 2), dep(3, 1)], ["a", "b"], NOW)
+    assert status["replicas"] == 5
+    assert status["usedBy"] == ["a", "b"]
+    assert status["selector"] == f"{names.INFERENCE_SWARM}=cpu-pool"
+    assert status["observedGeneration"] == 4
+    assert ready_of(status) == ("False", "PodsNotReady", "3 of 5 worker pod(s) ready")
+    assert status["conditions"][0]["observedGeneration"] == 4
+
+
+def test_a_swarm_is_ready_when_every_pod_is() -> None:
+    status = status_pass.swarm_status(swarm(), [dep(2, 2), dep(1, 1)], ["a"], NOW)
+    assert ready_of(status) == ("True", "PodsReady", "3 worker pod(s) ready")
+
+
+@pytest.mark.parametrize(
+    ("deployments", "used_by", "spec", "expected"),
+    [
+        ([dep(2, 2)], [], {}, ("False", "Unused")),
+        ([], ["a"], {"external": True}, ("True", "External")),
+        ([], ["a"], {}, ("False", "PodsNotReady")),
+        ([dep(0, 0)], ["a"], {}, ("False", "PodsNotReady")),  # scaled to zero: nothing ready
+        ([dep(None, None)], ["a"], {}, ("False", "PodsNotReady")),  # type: ignore[arg-type]
+    ],
+)
+def test_swarm_readiness(
+    deployments: list[dict[str, Any]], used_by: list[str], spec: dict[str, Any], expected: tuple[str, str]
+) -> None:
+    assert ready_of(status_pass.swarm_status(swarm(**spec), deployments, used_by, NOW))[:2] == expected
+
+
+def test_a_swarms_ready_time_is_kept_while_its_status_stays() -> None:
+    before = swarm()
+    before["status"] = {
+        "conditions": [
+            {"type": "Ready", "status": "True", "reason": "PodsReady", "lastTransitionTime": "earlier"}
+        ]
+    }
+    status = status_pass.swarm_status(before, [dep(1, 1)], ["a"], NOW)
+    assert status["conditions"][0]["lastTransitionTime"] == "earlier"
+    status = status_pass.swarm_status(before, [dep(1, 0)], ["a"], NOW)
+    assert status["conditions"][0]["lastTransitionTime"] == NOW
+
+
+def test_an_ended_job_says_so_in_an_event_of_the_right_type() -> None:
+    succeed = lifecycle.Decision("Succeed", "TrainingCompleted", "done")
+    fail = lifecycle.Decision("Fail", "BackoffLimitExceeded", "failed")
+    assert status_pass.outcome_event(succeed) == ("Normal", "JobSucceeded")
+    assert status_pass.outcome_event(fail) == ("Warning", "JobFailed")
