@@ -1,10 +1,12 @@
 -- Argo CD health check for echorl.dev/EchoJob (argocd-cm: resource.customizations.health.echorl.dev_EchoJob).
 -- Reads the conditions the Echo operator writes; tested by tests/unit/operator/test_operator_argocd.py.
 --   Suspended        spec.suspend scaled the job to zero
---   Degraded         Degraded=True (a missing reference, storage, the bound broken) or
+--   Degraded         Degraded=True (a missing reference, storage, a spec the API server refused,
+--                    the bound broken; also while observedGeneration lags the spec), or
 --                    StalenessBounded=False (a pool cannot keep up with maxStaleness)
 --   Healthy          Progressing=False/Completed (trained every policy version), or Ready=True
 --   Progressing      anything else: not observed yet, the operator behind the spec, pods starting
+-- observedGeneration is the newest generation whose children the operator applied.
 local hs = {}
 
 local function condition(conditions, kind)
@@ -25,6 +27,21 @@ if obj.status == nil or obj.status.conditions == nil then
   return hs
 end
 
+local conditions = obj.status.conditions
+local suspended = condition(conditions, "Suspended")
+local degraded = condition(conditions, "Degraded")
+local bounded = condition(conditions, "StalenessBounded")
+local progressing = condition(conditions, "Progressing")
+local ready = condition(conditions, "Ready")
+
+-- Before the generation check: a spec the operator could not apply (ApplyFailed, a missing
+-- reference) leaves observedGeneration behind, and is Degraded, not Progressing.
+if degraded ~= nil and degraded.status == "True" then
+  hs.status = "Degraded"
+  hs.message = (degraded.reason or "Degraded") .. ": " .. (degraded.message or "")
+  return hs
+end
+
 local generation = obj.metadata.generation
 local observed = obj.status.observedGeneration
 if generation ~= nil and (observed == nil or observed < generation) then
@@ -33,21 +50,9 @@ if generation ~= nil and (observed == nil or observed < generation) then
   return hs
 end
 
-local conditions = obj.status.conditions
-local suspended = condition(conditions, "Suspended")
-local degraded = condition(conditions, "Degraded")
-local bounded = condition(conditions, "StalenessBounded")
-local progressing = condition(conditions, "Progressing")
-local ready = condition(conditions, "Ready")
-
 if suspended ~= nil and suspended.status == "True" then
   hs.status = "Suspended"
   hs.message = suspended.message or "Suspended"
-  return hs
-end
-if degraded ~= nil and degraded.status == "True" then
-  hs.status = "Degraded"
-  hs.message = (degraded.reason or "Degraded") .. ": " .. (degraded.message or "")
   return hs
 end
 if bounded ~= nil and bounded.status == "False" then

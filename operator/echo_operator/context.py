@@ -34,6 +34,8 @@ class JobMemory:
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     job: children.JobInput | None = None
     problems: tuple[status_mod.Problem, ...] = ()
+    applied_generation: int | None = None
+    """The newest generation whose children were applied (None: none yet in this operator run)."""
     trainer_token: str | None = None
     storage_ready: str | None = None
     """Fingerprint of the storage settings whose bucket and marker were last ensured."""

@@ -80,6 +80,7 @@ class Reconciler:
                 job = None
             else:
                 mem.job, mem.problems = job, ()
+                mem.applied_generation = meta.get("generation")
             status_pass.write_status(self.ctx, body, mem, fetch_doc=False)
             return job
 

@@ -36,6 +36,7 @@ class Observation:
     """What one status pass saw."""
 
     generation: int | None
+    """The newest generation whose children were applied (``observedGeneration``)."""
     suspended: bool
     job: children.JobInput | None
     problems: tuple[Problem, ...] = ()

@@ -77,6 +77,20 @@ def swarm_status(
     return new
 
 
+def observed_generation(applied: int | None, previous: Mapping[str, Any]) -> int | None:
+    """``status.observedGeneration``: the newest generation whose children were applied.
+
+    Not the generation the pass looked at: a spec whose children the API server refused leaves it
+    where it was, so a client comparing it with ``metadata.generation`` (Argo CD, ``kubectl wait``)
+    does not take the refused spec for running. After an operator restart, until the first
+    successful apply, it is what ``status`` said.
+    """
+    if applied is not None:
+        return applied
+    found = previous.get("observedGeneration")
+    return int(found) if found is not None else None
+
+
 def outcome_event(decision: lifecycle.Decision) -> tuple[str, str]:
     """(type, reason) of the Event for a job that just ended."""
     if decision.action == "Succeed":
@@ -212,7 +226,7 @@ def write_status(
             mem.behind = {pool: lagging[pool] for pool in persistent}
             restarted = restart_stuck(ctx, body, job, doc, mem, now)
     obs = status_mod.Observation(
-        generation=meta.get("generation"),
+        generation=observed_generation(mem.applied_generation, previous),
         suspended=bool((body.get("spec") or {}).get("suspend")),
         job=job,
         problems=mem.problems,

@@ -70,6 +70,15 @@ def test_no_status_yet_and_a_stale_generation_are_progressing() -> None:
     assert status == "Progressing" and "generation 3" in message
 
 
+def test_a_spec_the_operator_could_not_apply_is_degraded_not_progressing() -> None:
+    # observedGeneration stays at the last generation applied (1) while the job is at 2.
+    refused = conditions.Condition("Degraded", "True", "ApplyFailed", "Deployment j-cpu: invalid")
+    status, message = health(echojob([refused], generation=2, observed=1))
+    assert (status, message) == ("Degraded", "ApplyFailed: Deployment j-cpu: invalid")
+    fine = conditions.Condition("Degraded", "False", "AsExpected", "no problem found")
+    assert health(echojob([fine], generation=2, observed=1))[0] == "Progressing"
+
+
 def test_health_follows_the_operators_conditions(make_job: Any) -> None:
     assert health(echojob(computed(make_job)))[0] == "Healthy"
     assert health(echojob(computed(make_job, coordinator=doc(t=100)))) == (

@@ -87,3 +87,10 @@ def test_an_ended_job_says_so_in_an_event_of_the_right_type() -> None:
     fail = lifecycle.Decision("Fail", "BackoffLimitExceeded", "failed")
     assert status_pass.outcome_event(succeed) == ("Normal", "JobSucceeded")
     assert status_pass.outcome_event(fail) == ("Warning", "JobFailed")
+
+
+def test_observed_generation_is_the_last_one_applied_not_the_one_looked_at() -> None:
+    assert status_pass.observed_generation(3, {"observedGeneration": 2}) == 3
+    # Nothing applied in this operator run yet (it restarted, or every apply failed): keep status's.
+    assert status_pass.observed_generation(None, {"observedGeneration": 2}) == 2
+    assert status_pass.observed_generation(None, {}) is None
