@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from conftest import MakeJob
 from echo_operator import apply, children, names
 from echo_operator.config import Settings
+
+MakeJob = Callable[..., children.JobInput]  # the make_job fixture (tests/unit/operator/conftest.py)
 
 
 def trainer(spec_hash: str | None = "h1", **status: Any) -> dict[str, Any]:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from conftest import MakeJob
-from echo_operator import lifecycle, names, status_pass
+from echo_operator import children, lifecycle, names, status_pass
+
+MakeJob = Callable[..., children.JobInput]  # the make_job fixture (tests/unit/operator/conftest.py)
 
 NOW = "2026-02-03T04:05:06Z"
 
