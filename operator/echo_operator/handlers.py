@@ -13,7 +13,9 @@ Run with ``kopf run -m echo_operator.handlers --all-namespaces`` (or ``echorl op
   ``replicas`` and ``selector``) is refreshed.
 
 kopf keeps its own bookkeeping in ``echorl.dev/*`` annotations (not in ``status``, whose schema is
-strict), and does not post Events of its own: the Events are the operator's, with specific reasons.
+strict), and posts no Events: kopf would post a new one for every failed try of a handler. The
+Events are the operator's (:mod:`echo_operator.events`, deduplicated): a reconcile that keeps
+failing on the API is one ``ReconcileFailed`` Warning whose count grows.
 """
 
 from __future__ import annotations
@@ -44,11 +46,16 @@ def _reconciler() -> reconcile.Reconciler:
         raise kopf.TemporaryError("the operator is still starting", delay=1) from None
 
 
-async def _run(fn: Any, *args: Any) -> Any:
-    """Run a blocking reconciler call off the event loop; API failures become kopf retries."""
+async def _run(fn: Any, *args: Any, about: dict[str, Any] | None = None) -> Any:
+    """Run a blocking reconciler call off the event loop; API failures become kopf retries.
+
+    With ``about`` (the EchoJob), a failure is also a ``ReconcileFailed`` Warning Event on it.
+    """
     try:
         return await asyncio.to_thread(fn, *args)
     except KubeError as exc:
+        if about is not None:
+            _reconciler().event(about, "Warning", "ReconcileFailed", f"will retry: {exc}")
         raise kopf.TemporaryError(str(exc), delay=5) from exc
 
 
@@ -59,7 +66,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration"
     )
-    settings.posting.level = logging.WARNING  # kopf's own handler errors only; ours are explicit
+    settings.posting.enabled = False  # kopf would post a new Event per failed try; ours count repeats
     settings.peering.standalone = True  # one replica (strategy Recreate in manifests/)
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 60
@@ -96,7 +103,8 @@ def close(**_: Any) -> None:
 @kopf.on.create(GROUP, VERSION, "echojobs", backoff=10)
 @kopf.on.update(GROUP, VERSION, "echojobs", field="spec", backoff=10)
 async def reconcile_job(body: kopf.Body, **_: Any) -> None:
-    await _run(_reconciler().reconcile, dict(body))
+    job = dict(body)
+    await _run(_reconciler().reconcile, job, about=job)
 
 
 @kopf.daemon(GROUP, VERSION, "echojobs", cancellation_timeout=5.0)
@@ -121,7 +129,8 @@ def _needs_cleanup(body: kopf.Body, **_: Any) -> bool:
 
 @kopf.on.delete(GROUP, VERSION, "echojobs", when=_needs_cleanup, retries=5, backoff=5)
 async def cleanup_job(body: kopf.Body, **_: Any) -> None:
-    await _run(_reconciler().cleanup, dict(body))
+    job = dict(body)
+    await _run(_reconciler().cleanup, job, about=job)
 
 
 @kopf.on.delete(GROUP, VERSION, "echojobs", optional=True)

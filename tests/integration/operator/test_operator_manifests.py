@@ -187,6 +187,7 @@ ALLOWED = [
     ("get", "secrets"),
     ("delete", "pods"),
     ("create", "events"),
+    ("patch", "events"),
     ("patch", "echojobs.echorl.dev/status"),
     ("patch", "echojobs.echorl.dev"),
     ("watch", "inferenceswarms.echorl.dev"),

@@ -3,6 +3,8 @@
 * ``status.observedGeneration`` names the generation whose children were applied: a spec the API
   server refuses to turn into children (a pool asking for more CPU than its limit) leaves it at the
   last good generation, with ``Degraded=True, ApplyFailed``; fixing the spec moves it on.
+* A problem that persists is one Event whose ``count`` grows with every resync (as client-go's
+  recorder does for the built-in controllers), not a new Event each time.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 import pytest
 from kopf.testing import KopfRunner
 from minio import Minio
-from operator_kit import apply, condition, eventually, get, kubectl_ok
+from operator_kit import apply, condition, events, eventually, get, kubectl_ok
 
 from services.kube import KubeApiServer
 from services.minio import MinioServer
@@ -105,3 +107,32 @@ def test_observed_generation_waits_for_a_generation_whose_children_were_applied(
     patch_job(kube_apiserver, ns, '{"spec": {"inferenceSwarms": [{"name": "cpu", "threads": 2}]}}')
     job = eventually(lambda: observed(3))
     assert condition(job, "Degraded")["status"] == "False"
+
+
+def test_a_persistent_problem_is_one_event_whose_count_grows(
+    operator: KopfRunner,
+    kube_apiserver: KubeApiServer,
+    kube_namespace: str,
+    storage_secret: str,
+    storage_yaml: Callable[..., str],
+    bucket: str,
+) -> None:
+    ns = kube_namespace
+    text = job_yaml(storage_yaml(bucket)).replace(
+        "  inferenceSwarms:", "  syncPolicyRef: absent\n  inferenceSwarms:"
+    )
+    apply(kube_apiserver, ns, text)
+
+    def missing() -> list[dict[str, Any]]:
+        found = [e for e in events(kube_apiserver, ns, "honest") if e["reason"] == "ReferenceNotFound"]
+        assert found
+        return found
+
+    eventually(missing)
+    time.sleep(7.5)  # two resyncs at least (ECHORL_RESYNC_INTERVAL 3 s), each meeting the problem again
+    found = missing()
+    assert len(found) == 1, [(e["metadata"]["name"], e.get("count")) for e in found]
+    (event,) = found
+    assert event["count"] >= 3, event
+    assert event["type"] == "Warning"
+    assert event["lastTimestamp"] > event["firstTimestamp"]
