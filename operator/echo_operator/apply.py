@@ -8,6 +8,10 @@ so two trainers never run at once. Children the job no longer needs are deleted 
 the join Secrets (their tokens must outlive a pool being renamed back), the read-only storage Secret,
 and a finished job's trainer Job (its record and its pods' logs). An apply the API server refuses as
 invalid or conflicting (409, 422) is an ``ApplyFailed`` problem; other API failures are raised.
+
+Suspending scales every pool to zero; a pool whose ``replicas`` is unset (scaled by ``kubectl scale``
+or an HPA) gets back on resume what it had (:func:`held_replicas`, :func:`to_restore`), not the
+Deployment's default of 1.
 """
 
 from __future__ import annotations
@@ -79,6 +83,77 @@ def scaled_message(before: Mapping[str, Any], after: Mapping[str, Any]) -> str |
     return f"{what}: {old} → {new} replica(s)"
 
 
+def pool_of(job: children.JobInput, obj: Mapping[str, Any]) -> children.Pool | None:
+    """The pool whose Deployment ``obj`` is (None for any other child)."""
+    if obj.get("kind") != "Deployment":
+        return None
+    name = (obj.get("metadata", {}).get("labels") or {}).get(names.POOL)
+    return next((p for p in job.pools if p.name == name), None)
+
+
+def _remembered(before: Mapping[str, Any] | None) -> int | None:
+    value = ((before or {}).get("metadata", {}).get("annotations") or {}).get(names.RESUME_REPLICAS)
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def held_replicas(
+    job: children.JobInput, obj: Mapping[str, Any], before: Mapping[str, Any] | None
+) -> int | None:
+    """While the job is not active: the replicas to give a pool back on resume (None: nothing to keep).
+
+    Only for a pool whose own ``replicas`` is unset (else the spec says what comes back): what a user
+    (``kubectl scale``) or an HPA had set on its Deployment before the operator scaled it to zero,
+    remembered in the :data:`names.RESUME_REPLICAS` annotation through every pass while suspended.
+    A pool that stood at zero already has nothing to keep, and comes back at the Deployment's default.
+    """
+    pool = pool_of(job, obj)
+    if job.active or pool is None or pool.spec.replicas is not None or before is None:
+        return None
+    remembered = _remembered(before)
+    if remembered is not None:
+        return remembered
+    current = (before.get("spec") or {}).get("replicas")
+    return current if isinstance(current, int) and current > 0 else None
+
+
+def to_restore(
+    job: children.JobInput, obj: Mapping[str, Any], before: Mapping[str, Any] | None
+) -> int | None:
+    """On resume: the replicas to give back to a pool's Deployment (None: none remembered)."""
+    pool = pool_of(job, obj)
+    if not job.active or pool is None or pool.spec.replicas is not None:
+        return None
+    return _remembered(before)
+
+
+def with_held(obj: Object, held: int | None) -> Object:
+    """``obj`` carrying the replicas to give back on resume (``obj`` itself when there are none)."""
+    if held is None:
+        return obj
+    meta = dict(obj["metadata"])
+    meta["annotations"] = {**(meta.get("annotations") or {}), names.RESUME_REPLICAS: str(held)}
+    return {**obj, "metadata": meta}
+
+
+def restore(obj: Mapping[str, Any], replicas: int) -> Object:
+    """The apply (as :data:`names.RESUME_MANAGER`) that gives a Deployment its replicas back.
+
+    A separate field manager: the operator's own apply then leaves ``replicas`` out as before, so
+    the field is not removed (and defaulted to 1) but stays, and ``kubectl scale`` or an HPA may
+    change it afterwards without a conflict.
+    """
+    meta = obj["metadata"]
+    return {
+        "apiVersion": obj["apiVersion"],
+        "kind": obj["kind"],
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+        "spec": {"replicas": replicas},
+    }
+
+
 # -- I/O -------------------------------------------------------------------------------------------
 
 
@@ -132,7 +207,11 @@ def apply_children(
             if sync_trainer(ctx, body, job, obj, before) == "create":
                 created.append(f"{key[0]} {key[1]}")
             continue
+        obj = with_held(obj, held_replicas(job, obj, before))
+        replicas = to_restore(job, obj, before)
         try:
+            if replicas is not None:
+                ctx.kube.apply(restore(obj, replicas), manager=names.RESUME_MANAGER)
             after = ctx.kube.apply(obj)
         except KubeError as exc:
             if exc.status in (409, 422):

@@ -139,10 +139,12 @@ class Kube:
         return items
 
     # -- writes --------------------------------------------------------------------------------
-    def apply(self, obj: Object, dry_run: bool = False, force: bool = True) -> Object:
-        """Server-side apply ``obj`` with the operator's field manager; returns the object as stored."""
+    def apply(
+        self, obj: Object, dry_run: bool = False, force: bool = True, manager: str = names.MANAGER
+    ) -> Object:
+        """Server-side apply ``obj`` as ``manager`` (the operator's); returns the object as stored."""
         meta = obj["metadata"]
-        query = [("fieldManager", names.MANAGER), ("force", "true" if force else "false")]
+        query = [("fieldManager", manager), ("force", "true" if force else "false")]
         if dry_run:
             query.append(("dryRun", "All"))
         return self._call(

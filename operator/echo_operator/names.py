@@ -29,6 +29,11 @@ EXTERNAL_URL = f"{GROUP}/external-url"
 """EchoJob annotation a user may set: the coordinator URL external workers use (e.g. an Ingress)."""
 READONLY_ACCOUNT = f"{GROUP}/readonly-access-key"
 """EchoJob annotation the operator sets when it created a read-only MinIO service account."""
+RESUME_REPLICAS = f"{GROUP}/replicas-before-suspend"
+"""Deployment annotation, while the job is suspended: the replicas a user or an HPA had set on a pool
+whose own ``replicas`` is unset, given back on resume."""
+RESUME_MANAGER = f"{MANAGER}-resume"
+"""Field manager that gives those replicas back, so that afterwards they are not the operator's."""
 
 Component = Literal["coordinator", "inference", "trainer", "config", "join-token", "storage"]
 

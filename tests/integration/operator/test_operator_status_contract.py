@@ -5,6 +5,8 @@
   last good generation, with ``Degraded=True, ApplyFailed``; fixing the spec moves it on.
 * A problem that persists is one Event whose ``count`` grows with every resync (as client-go's
   recorder does for the built-in controllers), not a new Event each time.
+* Suspending and resuming a job gives a pool back the replicas someone set with ``kubectl scale``
+  (the scale subresource, as an HPA uses it) while the pool's own ``replicas`` is unset.
 """
 
 from __future__ import annotations
@@ -136,3 +138,36 @@ def test_a_persistent_problem_is_one_event_whose_count_grows(
     assert event["count"] >= 3, event
     assert event["type"] == "Warning"
     assert event["lastTimestamp"] > event["firstTimestamp"]
+
+
+def test_resuming_gives_a_pool_back_the_replicas_it_was_scaled_to(
+    operator: KopfRunner,
+    kube_apiserver: KubeApiServer,
+    kube_namespace: str,
+    storage_secret: str,
+    storage_yaml: Callable[..., str],
+    bucket: str,
+) -> None:
+    ns = kube_namespace
+    apply(kube_apiserver, ns, job_yaml(storage_yaml(bucket)))
+
+    def replicas(wanted: int) -> None:
+        assert get(kube_apiserver, ns, "deployment", "honest-cpu")["spec"]["replicas"] == wanted
+
+    eventually(lambda: replicas(1))  # replicas unset in the spec: the Deployment's default
+    kubectl_ok(kube_apiserver, "scale", "-n", ns, "deployment/honest-cpu", "--replicas=3")
+    time.sleep(3.5)  # a resync: the operator leaves a scale it does not own alone
+    replicas(3)
+
+    patch_job(kube_apiserver, ns, '{"spec": {"suspend": true}}')
+    eventually(lambda: replicas(0))
+    time.sleep(3.5)  # resyncs while suspended keep it at zero
+    replicas(0)
+    patch_job(kube_apiserver, ns, '{"spec": {"suspend": false}}')
+    eventually(lambda: replicas(3))
+    assert condition(get(kube_apiserver, ns, "echojob", "honest"), "Suspended")["status"] == "False"
+
+    # Afterwards the scale is the user's (or the HPA's) again: the operator does not fight it.
+    kubectl_ok(kube_apiserver, "scale", "-n", ns, "deployment/honest-cpu", "--replicas=5")
+    time.sleep(3.5)
+    replicas(5)

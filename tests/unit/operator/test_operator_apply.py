@@ -120,3 +120,77 @@ def test_no_scale_no_message(before: dict[str, Any], after: dict[str, Any]) -> N
 def test_summary() -> None:
     assert apply.summary("created", ["Secret a", "Service b"]) == "created 2 object(s): Secret a, Service b"
     assert apply.summary("deleted", iter([])) == "deleted 0 object(s): "
+
+
+def suspend(job: children.JobInput, value: bool = True) -> children.JobInput:
+    return dataclasses.replace(job, spec=job.spec.model_copy(update={"suspend": value}))
+
+
+def pool_deployment(job: children.JobInput, pool: str) -> dict[str, Any]:
+    return next(o for o in children.desired(job, Settings()) if o["metadata"]["name"] == f"demo-{pool}")
+
+
+def stored(replicas: int, held: str | None = None) -> dict[str, Any]:
+    annotations = {names.RESUME_REPLICAS: held} if held is not None else {}
+    return {"kind": "Deployment", "metadata": {"annotations": annotations}, "spec": {"replicas": replicas}}
+
+
+def test_suspending_keeps_what_a_pool_without_replicas_was_scaled_to(make_job: MakeJob) -> None:
+    job = suspend(make_job())  # pool cpu: replicas unset; pool gpu: replicas 3
+    cpu = pool_deployment(job, "cpu")
+    assert apply.held_replicas(job, cpu, stored(4)) == 4  # scaled to 4 by hand or an HPA
+    assert apply.held_replicas(job, cpu, stored(0, held="4")) == 4  # every later pass while suspended
+    assert apply.held_replicas(job, cpu, stored(0)) is None  # it stood at zero: nothing to keep
+    assert apply.held_replicas(job, cpu, None) is None  # created suspended (Kueue): nothing to keep
+    assert apply.held_replicas(job, cpu, stored(0, held="junk")) is None
+
+
+def test_nothing_is_kept_where_the_spec_says_what_comes_back(make_job: MakeJob) -> None:
+    job = suspend(make_job())
+    assert apply.held_replicas(job, pool_deployment(job, "gpu"), stored(5)) is None
+    coordinator = next(
+        o for o in children.desired(job, Settings()) if o["metadata"]["name"] == "demo-coordinator"
+    )
+    assert apply.held_replicas(job, coordinator, stored(1)) is None
+    running = make_job()
+    assert apply.held_replicas(running, pool_deployment(running, "cpu"), stored(4)) is None
+
+
+def test_a_finished_job_keeps_them_too(make_job: MakeJob) -> None:
+    job = dataclasses.replace(make_job(), finished=True)
+    assert apply.held_replicas(job, pool_deployment(job, "cpu"), stored(2)) == 2
+
+
+def test_resuming_gives_back_what_was_kept(make_job: MakeJob) -> None:
+    job = suspend(make_job(), False)
+    cpu = pool_deployment(job, "cpu")
+    assert apply.to_restore(job, cpu, stored(0, held="4")) == 4
+    assert apply.to_restore(job, cpu, stored(0)) is None
+    assert apply.to_restore(job, cpu, None) is None
+    assert apply.to_restore(job, pool_deployment(job, "gpu"), stored(0, held="4")) is None  # spec: 3
+    assert apply.to_restore(suspend(job), cpu, stored(0, held="4")) is None  # still suspended
+
+
+def test_what_is_kept_rides_on_the_applied_deployment(make_job: MakeJob) -> None:
+    job = suspend(make_job())
+    cpu = pool_deployment(job, "cpu")
+    held = apply.with_held(cpu, 4)
+    assert held["metadata"]["annotations"] == {names.RESUME_REPLICAS: "4"}
+    assert held["spec"] == cpu["spec"] and held["spec"]["replicas"] == 0
+    assert names.RESUME_REPLICAS not in (cpu["metadata"].get("annotations") or {})  # not modified
+    assert apply.with_held(cpu, None) is cpu
+
+
+def test_the_restore_apply_names_only_the_replicas() -> None:
+    obj = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "demo-cpu", "namespace": "ml", "labels": {}},
+        "spec": {"template": {}},
+    }
+    assert apply.restore(obj, 4) == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "demo-cpu", "namespace": "ml"},
+        "spec": {"replicas": 4},
+    }
