@@ -1,7 +1,8 @@
 """What pacing saves: dropped groups and steps/s with and without it, side by side, same seed.
 
     python benchmarks/pacing.py [--configs Async:0,Async:1,Async:2,Async:4,Async:8] [--max-steps 400]
-                                [--quickstart-steps 1200] [--seed 0] [--out benchmarks/results/pacing]
+                                [--quickstart-steps 1200] [--seed 0] [--repeats 1] [--unpaced-first]
+                                [--out benchmarks/results/pacing]
 
 Runs the README's quickstart job (``examples/quickstart.yaml``: Async Δmax 2, its full ``maxSteps``)
 and the ``echorl bench sync`` grid's Async configurations (the same job at ``--max-steps``), each twice
@@ -90,15 +91,22 @@ def measure(run_dir: Path, steps: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--job", type=Path, default=REPO / "examples" / "quickstart.yaml")
-    parser.add_argument("--configs", default="Async:0,Async:1,Async:2,Async:4,Async:8")
+    parser.add_argument(
+        "--configs",
+        default="Async:0,Async:1,Async:2,Async:4,Async:8",
+        help="'' runs the quickstart pair only",
+    )
     parser.add_argument("--max-steps", type=int, default=400, help="steps of the grid's configurations")
     parser.add_argument("--quickstart-steps", type=int, default=1200, help="0 skips the quickstart pair")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument(
+        "--unpaced-first", action="store_true", help="start the alternation with the unpaced run"
+    )
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "pacing")
     args = parser.parse_args(argv)
     base, _ = sync_run.load_job_document(args.job)
-    plan = [(c, args.max_steps) for c in sync_run.parse_configs(args.configs)]
+    plan = [(c, args.max_steps) for c in sync_run.parse_configs(args.configs)] if args.configs else []
     if args.quickstart_steps:
         plan.insert(
             0,
@@ -111,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     for repeat in range(args.repeats):
         for index, (config, steps) in enumerate(plan):
-            order = (True, False) if (index + repeat) % 2 == 0 else (False, True)
+            order = (True, False) if (index + repeat + args.unpaced_first) % 2 == 0 else (False, True)
             print(f"{config.name} at {steps} steps (repeat {repeat}):", flush=True)
             got = {p: measure(run_one(base, config, p, steps, args.seed, args.out), steps) for p in order}
             rows.append(
