@@ -4,7 +4,9 @@
 the dev MinIO — the last two are only stored: envtest runs no pods). ``operator_kubeconfig`` is a
 kubeconfig holding a real token of the ``echorl-operator`` service account (TokenRequest API), so the
 operator under test runs with exactly the RBAC that ``manifests/rbac.yaml`` grants.
-``start_operator`` runs the operator for real in this process with :class:`kopf.testing.KopfRunner`.
+``start_operator`` runs the operator for real in this process with :class:`kopf.testing.KopfRunner`;
+``operator`` is one such run per module (a module that needs other settings defines its own),
+``delete_jobs`` removes a test's EchoJobs afterwards and ``bucket`` is a test's own snapshot bucket.
 """
 
 from __future__ import annotations
@@ -121,3 +123,28 @@ def storage_block(minio_server: MinioServer, bucket: str, **extra: Any) -> str:
 def storage_yaml(minio_server: MinioServer, request: pytest.FixtureRequest) -> Callable[..., str]:
     """``storage_yaml(bucket, **extra)`` → the job's storage mapping as flow YAML."""
     return lambda bucket, **extra: storage_block(minio_server, bucket, **extra)
+
+
+@pytest.fixture(scope="module")
+def operator(start_operator: StartOperator, minio_server: MinioServer) -> Iterator[KopfRunner]:
+    with start_operator() as runner:
+        yield runner
+
+
+@pytest.fixture
+def delete_jobs(kube_apiserver: KubeApiServer, kube_namespace: str) -> Iterator[None]:
+    """Delete the test's EchoJobs afterwards: the namespace itself never goes away in envtest."""
+    yield
+    kube_apiserver.kubectl("delete", "echojobs", "--all", "-n", kube_namespace, "--wait=false")
+
+
+@pytest.fixture
+def bucket(minio_server: MinioServer, kube_namespace: str) -> Iterator[str]:
+    """A bucket named after the test's namespace, emptied and removed afterwards."""
+    client = minio_server.client()
+    name = kube_namespace[:40].rstrip("-") + "-snap"
+    yield name
+    if client.bucket_exists(name):
+        for obj in client.list_objects(name, recursive=True):
+            client.remove_object(name, obj.object_name or "")
+        client.remove_bucket(name)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -24,31 +24,7 @@ from echo_runtime.cli.operator_cmd import operator as operator_group
 from services.kube import KubeApiServer
 from services.minio import MinioServer
 
-pytestmark = pytest.mark.services
-
-
-@pytest.fixture(scope="module")
-def operator(start_operator: Callable[..., Any], minio_server: MinioServer) -> Iterator[KopfRunner]:
-    with start_operator() as runner:
-        yield runner
-
-
-@pytest.fixture(autouse=True)
-def delete_jobs(kube_apiserver: KubeApiServer, kube_namespace: str) -> Iterator[None]:
-    """Delete the test's EchoJobs afterwards: the namespace itself never goes away in envtest."""
-    yield
-    kube_apiserver.kubectl("delete", "echojobs", "--all", "-n", kube_namespace, "--wait=false")
-
-
-@pytest.fixture
-def bucket(minio_server: MinioServer, kube_namespace: str) -> Iterator[str]:
-    client = minio_server.client()
-    name = kube_namespace[:40].rstrip("-") + "-snap"
-    yield name
-    if client.bucket_exists(name):
-        for obj in client.list_objects(name, recursive=True):
-            client.remove_object(name, obj.object_name or "")
-        client.remove_bucket(name)
+pytestmark = [pytest.mark.services, pytest.mark.usefixtures("delete_jobs")]
 
 
 def hetero(storage: str) -> str:
