@@ -237,6 +237,14 @@ def _progressing(obs: Observation) -> Condition:
     )
 
 
+def max_observed(obs: Observation, previous: Mapping[str, Any]) -> int | None:
+    """The largest staleness any optimizer step consumed over the whole run: the coordinator counts only
+    since it (last) started, so the largest the status ever recorded is kept across its restarts."""
+    now = obs.coordinator.max_observed_staleness if obs.coordinator is not None else None
+    values = [v for v in (previous.get("maxObservedStaleness"), now) if v is not None]
+    return max(values) if values else None
+
+
 def _bounded(obs: Observation, previous: Mapping[str, Any]) -> Condition:
     doc, job = obs.coordinator, obs.job
     if doc is None and obs.outcome is not None and job is not None:
@@ -257,13 +265,13 @@ def _bounded(obs: Observation, previous: Mapping[str, Any]) -> Condition:
         return Condition(
             "StalenessBounded", "Unknown", "AwaitingCoordinator", "no status from the coordinator yet"
         )
-    bound = doc.max_staleness
-    if doc.max_observed_staleness is not None and doc.max_observed_staleness > bound:
+    bound, most = doc.max_staleness, max_observed(obs, previous)
+    if most is not None and most > bound:
         return Condition(
             "StalenessBounded",
             "False",
             "BoundExceeded",
-            f"an optimizer step consumed a rollout with staleness {doc.max_observed_staleness} > Δmax {bound}",
+            f"an optimizer step consumed a rollout with staleness {most} > Δmax {bound}",
         )
     if obs.behind:
         details = "; ".join(lag.describe(doc.mode) for lag in obs.behind.values())
@@ -276,7 +284,7 @@ def _bounded(obs: Observation, previous: Mapping[str, Any]) -> Condition:
             f"pool(s) {pools} cannot keep up with Δmax {bound}: {details}; "
             f"{doc.dropped_stale} group(s) dropped as stale so far{restarted}",
         )
-    observed = "none yet" if doc.max_observed_staleness is None else str(doc.max_observed_staleness)
+    observed = "none yet" if most is None else str(most)
     return Condition(
         "StalenessBounded",
         "True",
@@ -285,19 +293,15 @@ def _bounded(obs: Observation, previous: Mapping[str, Any]) -> Condition:
     )
 
 
-def _degraded(obs: Observation) -> Condition:
+def _degraded(obs: Observation, previous: Mapping[str, Any]) -> Condition:
     if obs.outcome is not None and obs.outcome.type == "Failed":
         return Condition("Degraded", "True", obs.outcome.reason, obs.outcome.message)
     if obs.problems:
         return Condition(
             "Degraded", "True", obs.problems[0].reason, "; ".join(p.message for p in obs.problems)
         )
-    doc = obs.coordinator
-    if (
-        doc is not None
-        and doc.max_observed_staleness is not None
-        and doc.max_observed_staleness > doc.max_staleness
-    ):
+    doc, most = obs.coordinator, max_observed(obs, previous)
+    if doc is not None and most is not None and most > doc.max_staleness:
         return Condition(
             "Degraded", "True", "BoundExceeded", "the staleness bound was broken; see StalenessBounded"
         )
@@ -324,7 +328,8 @@ def _degraded(obs: Observation) -> Condition:
 
 def conditions(obs: Observation, previous: Mapping[str, Any] | None = None) -> list[Condition]:
     """Every condition of the job; ``Succeeded`` or ``Failed`` only once it ended (they stay True)."""
-    out = [_ready(obs), _progressing(obs), _bounded(obs, previous or {}), _degraded(obs), _suspended(obs)]
+    previous = previous or {}
+    out = [_ready(obs), _progressing(obs), _bounded(obs, previous), _degraded(obs, previous), _suspended(obs)]
     if obs.outcome is not None:
         out.append(Condition(obs.outcome.type, "True", obs.outcome.reason, obs.outcome.message))
     return out
@@ -360,7 +365,7 @@ def job_status(obs: Observation, previous: Mapping[str, Any] | None = None) -> O
     if doc is not None:
         out.update(
             policyVersion=doc.policy_version,
-            maxObservedStaleness=doc.max_observed_staleness,
+            maxObservedStaleness=max_observed(obs, previous or {}),
             droppedStale=doc.dropped_stale,
             weightedStale=doc.weighted_stale,
             reward=doc.reward,

@@ -70,6 +70,29 @@ def test_last_coordinator_values_are_kept_while_it_cannot_be_read(make_job: Any)
     assert out["rolloutsPerSecond"] is None
 
 
+def test_max_observed_staleness_survives_a_coordinator_restart(make_job: Any) -> None:
+    # A restarted coordinator has consumed nothing yet (None), then less than its predecessor did (1).
+    for since_restart in (None, 1):
+        obs = observation(make_job, coordinator=doc(max_observed=since_restart, max_staleness=2))
+        assert status_mod.job_status(obs, {"maxObservedStaleness": 2})["maxObservedStaleness"] == 2
+        bounded = by_type(status_mod.conditions(obs, {"maxObservedStaleness": 2}))["StalenessBounded"]
+        assert (bounded.status, bounded.message.split(" ≤")[0]) == ("True", "max observed staleness 2")
+    # A larger value since the restart wins, and one the run broke before stays broken.
+    grown = observation(make_job, coordinator=doc(max_observed=2, max_staleness=2))
+    assert status_mod.job_status(grown, {"maxObservedStaleness": 1})["maxObservedStaleness"] == 2
+    broken = by_type(
+        status_mod.conditions(
+            observation(make_job, coordinator=doc(max_observed=0)), {"maxObservedStaleness": 3}
+        )
+    )
+    assert (broken["StalenessBounded"].reason, broken["Degraded"].reason) == (
+        "BoundExceeded",
+        "BoundExceeded",
+    )
+    fresh = observation(make_job, coordinator=doc(max_observed=None))
+    assert status_mod.job_status(fresh, {})["maxObservedStaleness"] is None
+
+
 def test_differs_ignores_absent_versus_none() -> None:
     assert not status_mod.differs({"a": 1, "b": None}, {"a": 1})
     assert status_mod.differs({"a": 1}, {"a": 2})
