@@ -223,6 +223,13 @@ class ManagedProcess:
                 raise ServiceError(self.describe_failure(why))
             time.sleep(interval)
 
+    def pause(self) -> None:
+        """SIGSTOP the whole process group: it holds what it holds and answers nothing until :meth:`resume`."""
+        _signal_group(self.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        _signal_group(self.pid, signal.SIGCONT)
+
     def stop(self, grace: float = 10.0) -> int | None:
         """SIGTERM the whole process group, SIGKILL it after ``grace`` seconds; return the exit code."""
         with _LIVE_LOCK:
@@ -232,6 +239,7 @@ class ManagedProcess:
         pgid = self.popen.pid  # start_new_session: the child leads its own group
         if self.popen.poll() is None:
             _signal_group(pgid, signal.SIGTERM)
+            _signal_group(pgid, signal.SIGCONT)  # a paused group handles its SIGTERM only once resumed
             try:
                 self.popen.wait(timeout=grace)
             except subprocess.TimeoutExpired:

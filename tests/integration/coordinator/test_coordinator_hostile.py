@@ -7,6 +7,10 @@ lie — one per attack, each in pool ``mallory`` (``maxWorkers: 3``, ``maxLeases
   was never told to load and never reported holding;
 * **hoarder** — leases all it can and never submits (it goes first, and the others join once it is caught:
   a quarantined worker still counts against ``maxWorkers``);
+
+while the Async job's honest worker is held (SIGSTOP) from its first published version until every
+attacker holds or has answered a lease, so that however fast the machine, the job cannot run out of
+steps before each attack has been tried;
 * **fabricator** (a Sequential job of its own, so that every group it submits has staleness 0 and can
   be checked) — samples honestly but sends made-up behaviour log-probs.
 
@@ -48,9 +52,9 @@ TRAINER_TOKEN, HONEST_TOKEN, MALLORY_TOKEN = (
 )
 GROUP, BATCH, NEW_TOKENS = 3, 2, 6
 RETRY = client.RetryPolicy(attempts=3, base=0.05, cap=0.5, deadline=10.0)
-STEPS = 120
-"""Of the Async job: long enough for the hoarder's leases to run out three times (three task timeouts)
-and for the liar and the swapper to attack after it."""
+STEPS = 40
+"""Of the Async job: enough versions, after the honest worker is let go, for the liar to claim one it
+never loaded (and for a second try if its first lease runs out while it waits)."""
 TASK_TIMEOUT_S = 5.0
 """Short, so that the hoarder's leases run out (and it is caught) while the job runs."""
 
@@ -89,7 +93,9 @@ class Job:
 
 
 @contextlib.contextmanager
-def running_job(root: Path, model_dir: str, sync: dict[str, Any], steps: int) -> Iterator[Job]:
+def running_job(
+    root: Path, model_dir: str, sync: dict[str, Any], steps: int, lease_timeout: float = 30.0
+) -> Iterator[Job]:
     """Coordinator, honest worker and trainer of one job; everything stopped on the way out."""
     job = {
         "apiVersion": "echorl.dev/v1alpha1",
@@ -121,7 +127,8 @@ def running_job(root: Path, model_dir: str, sync: dict[str, Any], steps: int) ->
     coordinator = procs.ManagedProcess(
         "coordinator",
         [*cli, "coordinator", "--job", str(root / "job.yaml"), "--tokens-file", str(root / "tokens.json"),
-         "--port", str(port), "--heartbeat-interval", "0.5", "--task-timeout", str(TASK_TIMEOUT_S)],
+         "--port", str(port), "--heartbeat-interval", "0.5", "--task-timeout", str(TASK_TIMEOUT_S),
+         "--lease-timeout", str(lease_timeout)],
         root / "coordinator.log", env=env,
     )  # fmt: skip
     running.procs.append(coordinator.start())
@@ -139,7 +146,7 @@ def running_job(root: Path, model_dir: str, sync: dict[str, Any], steps: int) ->
         trainer = procs.ManagedProcess(
             "trainer",
             [*cli, "trainer", "--job", str(root / "job.yaml"), "--coordinator", running.url,
-             "--metrics-file", str(root / "trainer.jsonl"), "--batch-timeout", "300"],
+             "--metrics-file", str(root / "trainer.jsonl"), "--batch-timeout", "500"],
             root / "trainer.log", env={**env, "ECHORL_TRAINER_TOKEN": TRAINER_TOKEN},
         )  # fmt: skip
         running.procs.append(trainer.start())
@@ -195,6 +202,8 @@ class Attack:
     """``outcome`` of each accepted submission, or ``status code field`` of each refusal."""
     most_leases: int = 0
     errors: list[BaseException] = dataclasses.field(default_factory=list)
+    holding: threading.Event = dataclasses.field(default_factory=threading.Event)
+    """Set once it holds a task it means to lie about."""
 
 
 def attack(body: Callable[[Attack], None], stop: threading.Event) -> tuple[Attack, threading.Thread]:
@@ -236,7 +245,9 @@ def async_job(
 ) -> AsyncOutcome:
     root = tmp_path_factory.mktemp("hostile-async")
     lock, stop = threading.Lock(), threading.Event()
-    with running_job(root, model_dir, {"mode": "Async", "maxStaleness": 1}, steps=STEPS) as job:
+    sync = {"mode": "Async", "maxStaleness": 1}
+    # A lease timeout longer than the hold, so that the held honest worker stays the one it was.
+    with running_job(root, model_dir, sync, steps=STEPS, lease_timeout=900.0) as job:
 
         def swapper(me: Attack) -> None:
             with job.hostile() as w:
@@ -250,12 +261,13 @@ def async_job(
         def liar(me: Attack) -> None:
             with job.hostile() as w:
                 me.worker = w.register().worker_id
-                while not stop.is_set() and len(me.answers) < 3:
+                while not stop.is_set() and not any(a.endswith(".policyVersion") for a in me.answers):
                     seen = job.status().policy_version  # it says it holds the newest: it is told nothing
                     lease = w.lease(1, wait=1.0, loaded_version=seen)
                     seen = max(seen, lease.load_version or 0)  # a version it was told is one it may claim
                     for task in lease.tasks:
                         samples = sample(backend, lock, task)  # with the base model, whatever it says
+                        me.holding.set()
                         while not stop.is_set() and job.status().policy_version <= seen:
                             time.sleep(0.05)  # until the trainer has published a version it never reported
                         submit(w, me, task.task_id, rollouts(samples, job.status().policy_version))
@@ -270,28 +282,41 @@ def async_job(
                     w.heartbeat(0)  # alive, never submitting
                     time.sleep(0.3)
 
-        # The hoarder goes first, alone in its pool: it holds the pool's leases (maxLeases) until it
-        # is caught, not racing the others for them.
-        attacks = {"hoarder": attack(hoarder, stop)}
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not any(
-            q.id == attacks["hoarder"][0].worker for q in job.status().quarantined
-        ):
-            time.sleep(0.5)  # three task timeouts
-        attacks |= {name: attack(body, stop) for name, body in [("swapper", swapper), ("liar", liar)]}
-        time.sleep(3.0)  # both registered: with the quarantined hoarder, the pool is full
-        fourth = httpx.post(
-            f"{job.url}/v1/workers",
-            json={"pool": "mallory", "backend": "transformers", "device": "cpu", "dtype": "float32"},
-            headers={"Authorization": f"Bearer {MALLORY_TOKEN}"},
-            timeout=5,
-        )
+        honest, trainer = job.procs[1], job.procs[2]
+        until(lambda: job.status().policy_version >= 1 or not trainer.running(), 300)
+        honest.pause()  # warm and trained on; the job waits for it from here
+        try:
+            # The hoarder goes first, alone in its pool: it holds the pool's leases (maxLeases) until
+            # it is caught, not racing the others for them.
+            attacks = {"hoarder": attack(hoarder, stop)}
+            hoarder_id = lambda: attacks["hoarder"][0].worker  # noqa: E731
+            until(lambda: any(q.id == hoarder_id() for q in job.status().quarantined), 120)
+            attacks["swapper"] = attack(swapper, stop)
+            until(lambda: bool(attacks["swapper"][0].answers), 120)
+            attacks["liar"] = attack(liar, stop)  # its lease must not run out while the others go
+            until(attacks["liar"][0].holding.is_set, 120)
+            # Both registered: with the quarantined hoarder, the pool is full.
+            fourth = httpx.post(
+                f"{job.url}/v1/workers",
+                json={"pool": "mallory", "backend": "transformers", "device": "cpu", "dtype": "float32"},
+                headers={"Authorization": f"Bearer {MALLORY_TOKEN}"},
+                timeout=5,
+            )
+        finally:
+            honest.resume()
         wait_trainer(job)
-        status = job.status()
         stop.set()
         for _, thread in attacks.values():
             thread.join(timeout=30)
+        status = job.status()  # once nobody submits any more: the counts match what they were told
         return AsyncOutcome(status, job.records(), {k: v[0] for k, v in attacks.items()}, fourth)
+
+
+def until(condition: Callable[[], bool], timeout: float) -> None:
+    """Wait for ``condition``; on timeout go on, and let the assertions say what did not happen."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not condition():
+        time.sleep(0.2)
 
 
 def trained_on(records: list[dict[str, Any]]) -> set[str]:
