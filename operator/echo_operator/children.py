@@ -28,6 +28,7 @@ so they are made by :func:`join_secret` from a token the caller generated.
 from __future__ import annotations
 
 import base64
+import copy
 import dataclasses
 import hashlib
 import json
@@ -39,6 +40,8 @@ import yaml
 from echo_operator import names
 from echo_operator.config import Settings
 from echo_runtime import spec as echo_spec
+from echo_runtime.spec import podtemplate
+from echo_runtime.spec.podtemplate import PodTemplate
 
 Object = dict[str, Any]
 
@@ -297,6 +300,45 @@ def _pod_spec(
     return pod
 
 
+def templated(template: PodTemplate | None, pod_meta: Object, pod: Object) -> tuple[Object, Object]:
+    """A pool's or the trainer's ``podTemplate`` merged over the operator's pod (metadata, spec).
+
+    Labels and annotations are added (the spec forbids the operator's own keys); the pod-spec fields
+    are set; volumes are added, and a mount at one of the operator's scratch paths (``/tmp``,
+    ``/cache``, ``/dev/shm``) replaces the operator's volume there; the one Echo container gets the
+    template's ``env`` after its own, its ``envFrom`` and its ``volumeMounts``. Pure: new objects.
+    """
+    meta, pod = copy.deepcopy(pod_meta), copy.deepcopy(pod)
+    if template is None:
+        return meta, pod
+    meta["labels"] = {**template.metadata.labels, **meta.get("labels", {})}
+    meta["annotations"] = {**template.metadata.annotations, **meta.get("annotations", {})}
+    t = _drop_empty(template.spec.to_manifest())
+    for key in (
+        "priorityClassName",
+        "serviceAccountName",
+        "automountServiceAccountToken",
+        "runtimeClassName",
+        "imagePullSecrets",
+        "topologySpreadConstraints",
+    ):
+        if key in t:
+            pod[key] = t[key]
+    if "affinity" in t:
+        pod["affinity"] = {**pod.get("affinity", {}), **t["affinity"]}
+    (container,) = pod["containers"]
+    patch: Object = next(iter(t.get("containers", [])), {})
+    mounts: list[Object] = patch.get("volumeMounts", [])
+    replaced = {m["mountPath"].rstrip("/") for m in mounts} & set(podtemplate.SCRATCH_MOUNTS)
+    gone = {m["name"] for m in container["volumeMounts"] if m["mountPath"] in replaced}
+    container["volumeMounts"] = [m for m in container["volumeMounts"] if m["name"] not in gone] + mounts
+    pod["volumes"] = [v for v in pod["volumes"] if v["name"] not in gone] + t.get("volumes", [])
+    container["env"] = [*container.get("env", []), *patch.get("env", [])]
+    if "envFrom" in patch:
+        container["envFrom"] = patch["envFrom"]
+    return meta, pod
+
+
 def _replicas(job: JobInput, wanted: int) -> int:
     return wanted if job.active else 0
 
@@ -305,7 +347,7 @@ def _replicas(job: JobInput, wanted: int) -> int:
 # The job manifest the processes read
 
 
-_PLACEMENT = frozenset({"image", "resources", "node_selector", "tolerations", "affinity"})
+_PLACEMENT = frozenset({"image", "resources", "node_selector", "tolerations", "affinity", "pod_template"})
 _OPERATOR_ONLY = {"suspend", "backoff_limit", "ttl_seconds_after_finished"}
 """Spec fields only the operator acts on: changing them restarts no process."""
 
@@ -578,7 +620,14 @@ def pool_deployment(job: JobInput, pool: Pool, settings: Settings) -> Object | N
         "securityContext": _CONTAINER_SECURITY,
         "volumeMounts": [config_mount, *scratch_mounts],
     }
-    pod_labels = names.labels(job.name, "inference", pool.name, pool.swarm)
+    pod_meta, pod = templated(
+        p.pod_template,
+        {
+            "labels": names.labels(job.name, "inference", pool.name, pool.swarm),
+            "annotations": {names.SPEC_HASH: pool_hash(pool)},
+        },
+        _pod_spec([container], [config_volume, *scratch], p, terminationGracePeriodSeconds=30),
+    )
     deployment_spec: Object = {}
     if not job.active:
         deployment_spec["replicas"] = 0
@@ -596,15 +645,7 @@ def pool_deployment(job: JobInput, pool: Pool, settings: Settings) -> Object | N
                 else {"maxSurge": "25%", "maxUnavailable": "25%"},
             },
             "selector": {"matchLabels": names.selector(job.name, "inference", pool.name)},
-            "template": {
-                "metadata": {
-                    "labels": pod_labels,
-                    "annotations": {names.SPEC_HASH: pool_hash(pool)},
-                },
-                "spec": _pod_spec(
-                    [container], [config_volume, *scratch], p, terminationGracePeriodSeconds=30
-                ),
-            },
+            "template": {"metadata": pod_meta, "spec": pod},
         }
     )
     return {
@@ -703,10 +744,16 @@ def trainer_pod_spec(job: JobInput, settings: Settings) -> Object:
 def trainer_job(job: JobInput, settings: Settings) -> Object:
     """The trainer gang: an indexed Job, one pod per node, failing (and restarted) as a whole."""
     nodes = job.training.nodes
-    pod = trainer_pod_spec(job, settings)
+    pod_meta, pod = templated(
+        job.training.pod_template,
+        {"labels": names.labels(job.name, "trainer")},
+        trainer_pod_spec(job, settings),
+    )
     # A Job's pod template is immutable: a new hash means a new Job (every rank restarts together,
     # from the last checkpoint).
-    hash_ = digest(yaml.safe_dump(process_manifest(job)), json.dumps(pod, sort_keys=True))
+    labels = [json.dumps(pod_meta, sort_keys=True)] if job.training.pod_template is not None else []
+    hash_ = digest(yaml.safe_dump(process_manifest(job)), json.dumps(pod, sort_keys=True), *labels)
+    pod_meta["annotations"] = {**pod_meta.get("annotations", {}), names.SPEC_HASH: hash_}
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -732,13 +779,7 @@ def trainer_job(job: JobInput, settings: Settings) -> Object:
                 ]
             },
             "podReplacementPolicy": "Failed",
-            "template": {
-                "metadata": {
-                    "labels": names.labels(job.name, "trainer"),
-                    "annotations": {names.SPEC_HASH: hash_},
-                },
-                "spec": pod,
-            },
+            "template": {"metadata": pod_meta, "spec": pod},
         },
     }
 

@@ -133,6 +133,8 @@ _KEEP = frozenset(
         "pattern",
         "minItems",
         "maxItems",
+        "minProperties",
+        "maxProperties",
         "items",
         "properties",
         "required",
@@ -210,6 +212,7 @@ def facts(node: dict[str, Any]) -> list[str]:
     for unit, low_key, high_key in (
         ("characters", "minLength", "maxLength"),
         ("items", "minItems", "maxItems"),
+        ("entries", "minProperties", "maxProperties"),
     ):
         low, high = node.get(low_key), node.get(high_key)
         if low is not None and high is not None:

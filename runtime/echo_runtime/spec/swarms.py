@@ -11,8 +11,9 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
+from echo_runtime.spec import podtemplate
 from echo_runtime.spec.base import Bool, Int, SpecModel, cel
-from echo_runtime.spec.scheduling import Placement
+from echo_runtime.spec.podtemplate import NODE_AFFINITY_RULE, TemplatedPlacement
 
 
 class Storage(SpecModel):
@@ -86,10 +87,12 @@ _SWARM_RULES: tuple[tuple[str, str, str], ...] = (
         "external pools create no pods: leave replicas unset",
         ".replicas",
     ),
+    NODE_AFFINITY_RULE,
+    podtemplate.container_rule("worker"),
 )
 
 
-class InferenceSwarmSpec(Placement):
+class InferenceSwarmSpec(TemplatedPlacement):
     """One pool of inference workers of one backend."""
 
     model_config = ConfigDict(json_schema_extra=cel(*_SWARM_RULES))
@@ -124,6 +127,7 @@ class InferenceSwarmSpec(Placement):
             raise ValueError("device: the mlx backend runs on Apple Silicon or CPU, not 'cuda'")
         if self.external and self.replicas not in (None, 0):
             raise ValueError("replicas: external pools create no pods; leave replicas unset")
+        podtemplate.check_container(self.pod_template, "worker")
         return self
 
 
@@ -167,7 +171,7 @@ class InferencePool(InferenceSwarmSpec):
         return self
 
 
-class TrainingSwarmSpec(Placement):
+class TrainingSwarmSpec(TemplatedPlacement):
     """The trainer's torch.distributed group; rank 0 publishes snapshots."""
 
     model_config = ConfigDict(
@@ -176,7 +180,9 @@ class TrainingSwarmSpec(Placement):
                 "self.gpusPerNode == 0 || self.processesPerNode <= self.gpusPerNode",
                 "processesPerNode must be ≤ gpusPerNode (one process per GPU)",
                 ".processesPerNode",
-            )
+            ),
+            NODE_AFFINITY_RULE,
+            podtemplate.container_rule("trainer"),
         )
     )
 
@@ -199,4 +205,5 @@ class TrainingSwarmSpec(Placement):
             raise ValueError(
                 f"processesPerNode: must be ≤ gpusPerNode ({self.gpus_per_node}), got {self.processes_per_node}"
             )
+        podtemplate.check_container(self.pod_template, "trainer")
         return self
