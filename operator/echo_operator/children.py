@@ -347,7 +347,9 @@ def _replicas(job: JobInput, wanted: int) -> int:
 # The job manifest the processes read
 
 
-_PLACEMENT = frozenset({"image", "resources", "node_selector", "tolerations", "affinity", "pod_template"})
+_PLACEMENT = frozenset(
+    {"image", "resources", "node_selector", "tolerations", "affinity", "pod_template", "gpus_per_replica"}
+)
 _OPERATOR_ONLY = {"suspend", "backoff_limit", "ttl_seconds_after_finished"}
 """Spec fields only the operator acts on: changing them restarts no process."""
 
@@ -586,6 +588,8 @@ def worker_args(job: JobInput, pool: Pool) -> list[str]:
         args += ["--dtype", p.dtype]
     if p.threads is not None:
         args += ["--threads", str(p.threads)]
+    if p.gpus_per_replica is not None:
+        args += ["--tensor-parallel-size", str(p.gpus_per_replica)]
     return args
 
 
@@ -616,7 +620,7 @@ def pool_deployment(job: JobInput, pool: Pool, settings: Settings) -> Object | N
         "imagePullPolicy": settings.image_pull_policy,
         "command": worker_args(job, pool),
         "env": env,
-        "resources": _resources(p.resources, gpus=1 if gpu else 0),
+        "resources": _resources(p.resources, gpus=(p.gpus_per_replica or 1) if gpu else 0),
         "securityContext": _CONTAINER_SECURITY,
         "volumeMounts": [config_mount, *scratch_mounts],
     }

@@ -363,7 +363,12 @@ KINDS: tuple[Kind, ...] = (
         columns=(
             _column("Backend", ".spec.backend", "string", "Inference backend."),
             _column("External", ".spec.external", "boolean", "Workers join from outside the cluster."),
-            _column("Desired", ".spec.replicas", "integer", "Requested worker pods (unset: 1 per job)."),
+            _column(
+                "Desired",
+                ".spec.replicas",
+                "integer",
+                "Worker pods in all, split over the running jobs (unset: 1 per job).",
+            ),
             _column("Replicas", ".status.replicas", "integer", "Worker pods across the jobs using the pool."),
             _column("Used-By", ".status.usedBy", "string", "EchoJobs that reference this pool.", priority=1),
             _AGE,

@@ -105,6 +105,7 @@ def close(**_: Any) -> None:
 async def reconcile_job(body: kopf.Body, **_: Any) -> None:
     job = dict(body)
     await _run(_reconciler().reconcile, job, about=job)
+    await _run(_reconciler().rebalance, job, about=job)
 
 
 @kopf.daemon(GROUP, VERSION, "echojobs", cancellation_timeout=5.0)
@@ -136,6 +137,8 @@ async def cleanup_job(body: kopf.Body, **_: Any) -> None:
 @kopf.on.delete(GROUP, VERSION, "echojobs", optional=True)
 async def forget_job(body: kopf.Body, **_: Any) -> None:
     _reconciler().forget(body.metadata.namespace or "", body.metadata.name or "")
+    job = dict(body)
+    await _run(_reconciler().rebalance, job, about=job)
 
 
 # -- Referenced objects ----------------------------------------------------------------------------

@@ -129,6 +129,19 @@ class Reconciler:
             ended = status_pass.observe_job(self.ctx, body, mem)
         if ended:  # scale everything to zero now, not at the next resync
             self.reconcile(body)
+            self.rebalance(body)
+
+    def rebalance(self, body: Mapping[str, Any]) -> None:
+        """The job started, changed, ended or went: re-apply the other running jobs that share an
+        InferenceSwarm with it, since their part of the swarm's ``replicas`` changed with it."""
+        meta = body["metadata"]
+        swarms = {p.get("swarmRef") for p in (body.get("spec") or {}).get("inferenceSwarms") or []} - {None}
+        done = {meta["name"]}
+        for swarm in sorted(s for s in swarms if s):
+            for other in self.referrers(meta["namespace"], "InferenceSwarm", swarm):
+                if other["metadata"]["name"] not in done and references.running(other):
+                    done.add(other["metadata"]["name"])
+                    self.reconcile(other)
 
     def cleanup(self, body: Mapping[str, Any]) -> None:
         """External cleanup before the job goes: revoke read-only credentials, delete the prefix if asked."""

@@ -9,6 +9,7 @@ the user can fix (``ReferenceNotFound``, naming every missing object), not an er
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -76,7 +77,58 @@ def resolve(ctx: context.Context, body: Mapping[str, Any], model: spec.EchoJob) 
         others.append(spec.KINDS[kind].model_validate(manifest(kind, ref, namespace, obj.get("spec"))))
     if missing:
         raise ctx.problem(body, "ReferenceNotFound", missing_message(missing, namespace))
-    return spec.resolve(model, others)
+    resolved = spec.resolve(model, others)
+    shared = {p.name: p.swarm_ref for p in model.spec.inference_swarms if p.swarm_ref}
+    if not shared:
+        return resolved
+    jobs = ctx.kube.list(GV, "EchoJob", namespace)
+    me = body["metadata"]["name"]
+    pools = []
+    for pool, pool_spec in resolved.inference_pools:
+        swarm = shared.get(pool)
+        if swarm is not None and pool_spec.replicas is not None:
+            users = swarm_users(jobs, swarm, me, body)
+            if (me, pool) in users:
+                pool_spec = pool_spec.model_copy(
+                    update={"replicas": share(pool_spec.replicas, users, (me, pool))}
+                )
+        pools.append((pool, pool_spec))
+    return dataclasses.replace(resolved, inference_pools=tuple(pools))
+
+
+def running(job: Mapping[str, Any]) -> bool:
+    """Whether a stored EchoJob runs pods now: not suspended, not being deleted, not Succeeded or Failed."""
+    if job["metadata"].get("deletionTimestamp") or (job.get("spec") or {}).get("suspend"):
+        return False
+    ended = {"Succeeded", "Failed"}
+    return not any(
+        c.get("type") in ended and c.get("status") == "True"
+        for c in (job.get("status") or {}).get("conditions") or []
+    )
+
+
+def swarm_users(
+    jobs: Sequence[Mapping[str, Any]], swarm: str, me: str, body: Mapping[str, Any]
+) -> list[tuple[str, str]]:
+    """(job, pool) of every pool of a running job that uses InferenceSwarm ``swarm``, sorted; the job
+    being reconciled is taken as ``body`` (the listed copy may be older)."""
+    listed = [j for j in jobs if j["metadata"]["name"] != me] + [body]
+    return sorted(
+        (j["metadata"]["name"], p["name"])
+        for j in listed
+        if running(j)
+        for p in (j.get("spec") or {}).get("inferenceSwarms") or []
+        if p.get("swarmRef") == swarm
+    )
+
+
+def share(total: int, users: Sequence[tuple[str, str]], user: tuple[str, str]) -> int:
+    """``user``'s part of a shared InferenceSwarm's ``replicas``: the total split evenly over the pools of
+    the running jobs that use it, the remainder going to the first in name order. So the swarm's
+    ``spec.replicas`` and ``status.replicas`` count the same pods, and ``kubectl scale`` or an HPA on
+    its scale subresource sets how many run in all, however many jobs share it."""
+    index, n = sorted(users).index(user), len(users)
+    return total // n + (1 if index < total % n else 0)
 
 
 def referrers(ctx: context.Context, namespace: str, kind: str, name: str) -> list[Object]:

@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 import pytest
+import yaml
 from e2e_kit import E2E, published
 
 pytestmark = pytest.mark.timeout(1500)
@@ -320,3 +321,106 @@ def test_pools_land_on_their_own_simulated_nodes_a_pool_with_no_node_is_pending_
             "get", "deploy,job,svc,cm,secret,pods", "-l", "echorl.dev/job=hetero", "-o", "name").strip())  # fmt: skip
     finally:
         e2e.kubectl("delete", "node", *nodes, "--wait=false", namespaced=False, check=False)
+
+
+def test_pod_templates_reach_the_pods_and_a_pool_shares_a_model_cache_pvc(e2e: E2E) -> None:
+    """podTemplate as a cluster admin writes it: the real admission, scheduler, kubelet and PV binder."""
+    cache = e2e.cluster.workdir / f"pv-{e2e.namespace}"
+    cache.mkdir()
+    cache.chmod(0o777)  # a hostPath volume is not chowned to the pod's fsGroup
+    cluster_wide = [
+        {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": f"{e2e.namespace}-high"}, "value": 100000},
+        {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": f"{e2e.namespace}-runc"}, "handler": "runc"},
+        {
+            "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"{e2e.namespace}-models"},
+            "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "",
+                     "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(cache)}},
+        },
+    ]  # fmt: skip
+    for obj in cluster_wide:
+        e2e.kubectl("apply", "-f", "-", input=yaml.safe_dump(obj), namespaced=False)
+    try:
+        for obj in [
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "echorl-workers"}},
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "worker-env"}, "data": {"GREETING": "hello"}},
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "extra-files"}, "data": {"a.txt": "extra"}},
+            {
+                "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "model-cache"},
+                "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": f"{e2e.namespace}-models",
+                         "resources": {"requests": {"storage": "1Gi"}}},
+            },
+        ]:  # fmt: skip
+            e2e.apply(obj)
+        pool_template = {
+            "metadata": {"labels": {"team": "rl"}, "annotations": {"example.com/owner": "rl-team"}},
+            "spec": {
+                "serviceAccountName": "echorl-workers",
+                "priorityClassName": f"{e2e.namespace}-high",
+                "runtimeClassName": f"{e2e.namespace}-runc",
+                "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                    {"weight": 10, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                                                       "labelSelector": {"matchLabels": {"echorl.dev/pool": "cpu"}}}}]}},
+                "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                                               "whenUnsatisfiable": "ScheduleAnyway"}],
+                "volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": "model-cache"}},
+                            {"name": "extra", "configMap": {"name": "extra-files"}}],
+                "containers": [{"name": "worker", "env": [{"name": "TEAM", "value": "rl"}],
+                                "envFrom": [{"configMapRef": {"name": "worker-env"}}],
+                                "volumeMounts": [{"name": "models", "mountPath": "/cache"},
+                                                 {"name": "extra", "mountPath": "/etc/extra", "readOnly": True}]}],
+            },
+        }  # fmt: skip
+        trainer_template = {
+            "metadata": {"labels": {"team": "rl"}},
+            "spec": {"priorityClassName": f"{e2e.namespace}-high"},
+        }
+        e2e.apply(
+            echojob(
+                "templated",
+                max_steps=20,
+                trainingSwarm={"threads": 1, "checkpointInterval": 5, "resources": RESOURCES, "podTemplate": trainer_template},
+                inferenceSwarms=[{"name": "cpu", "replicas": 1, "threads": 1, "resources": RESOURCES, "podTemplate": pool_template}],
+            )
+        )  # fmt: skip
+        # The pool is scaled to zero once the job succeeds: read its pod while it runs.
+        (worker, *_) = e2e.until(
+            "the templated worker Running",
+            lambda: running(e2e, "echorl.dev/job=templated,echorl.dev/pool=cpu"),
+        )
+        done = e2e.wait_condition("templated", "Succeeded")
+        e2e.note(f"Succeeded with pod templates: {done['message']}")
+        meta, spec = worker["metadata"], worker["spec"]
+        assert meta["labels"]["team"] == "rl" and meta["labels"]["echorl.dev/job"] == "templated"
+        assert meta["annotations"]["example.com/owner"] == "rl-team"
+        assert (
+            spec["serviceAccountName"] == "echorl-workers"
+            and spec["runtimeClassName"] == f"{e2e.namespace}-runc"
+        )
+        assert spec["priority"] == 100000  # the Priority admission plugin resolved the class
+        (container,) = spec["containers"]
+        assert {"name": "TEAM", "value": "rl"} in container["env"]
+        assert container["envFrom"] == [{"configMapRef": {"name": "worker-env"}}]
+        claims = [
+            v["persistentVolumeClaim"]["claimName"] for v in spec["volumes"] if "persistentVolumeClaim" in v
+        ]
+        assert claims == ["model-cache"]
+        pvc = e2e.json("get", "pvc", "model-cache")
+        assert pvc["status"]["phase"] == "Bound"
+        # The worker wrote its snapshot cache through the claim: the files are on the volume.
+        written = [p for p in cache.rglob("*") if p.is_file()]
+        e2e.note(
+            f"model-cache volume holds {len(written)} file(s), e.g. {sorted(str(p.relative_to(cache)) for p in written)[:3]}"
+        )
+        assert written
+        (trainer,) = e2e.pods("echorl.dev/job=templated,echorl.dev/component=trainer")
+        assert trainer["metadata"]["labels"]["team"] == "rl" and trainer["spec"]["priority"] == 100000
+    finally:
+        for obj in cluster_wide:
+            e2e.kubectl(
+                "delete",
+                obj["kind"],
+                obj["metadata"]["name"],
+                "--ignore-not-found",
+                "--wait=false",
+                namespaced=False,
+            )

@@ -136,6 +136,7 @@ class VllmBackend:
         max_lora_rank: int = DEFAULT_MAX_LORA_RANK,
         gpu_memory_utilization: float = 0.85,
         prompt_style: prompts.PromptStyle | None = None,
+        tensor_parallel_size: int = 1,
     ) -> None:
         from echo_runtime.models import load as model_load
         from echo_runtime.models import resolve
@@ -166,6 +167,7 @@ class VllmBackend:
             max_lora_rank=max_lora_rank,
             max_loras=1,
             gpu_memory_utilization=gpu_memory_utilization,
+            tensor_parallel_size=tensor_parallel_size,  # the pool's gpusPerReplica; not exercised by CI
             logprobs_mode="processed_logprobs",
             worker_extension_cls=f"{__name__}.WorkerExtension",
         )

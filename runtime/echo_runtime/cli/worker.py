@@ -39,6 +39,12 @@ from echo_runtime import spec
 @click.option("--dtype", default=None, help="Inference dtype (default: the model's).")
 @click.option("--threads", type=click.IntRange(min=1), default=None, envvar="ECHORL_THREADS")
 @click.option("--capacity", type=click.IntRange(min=1), default=1, show_default=True, help="Tasks per lease.")
+@click.option(
+    "--tensor-parallel-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="vllm only: GPUs the model is sharded over (the pool's gpusPerReplica).",
+)
 @click.option("--cache-dir", type=click.Path(file_okay=False), default=None, help="Local snapshot cache.")
 @click.option("--external", is_flag=True, help="This worker joins from outside the cluster.")
 @click.option("--metrics", "metrics_path", type=click.Path(dir_okay=False), default=None)
@@ -54,6 +60,7 @@ def worker(
     dtype: str | None,
     threads: int | None,
     capacity: int,
+    tensor_parallel_size: int | None,
     cache_dir: str | None,
     external: bool,
     metrics_path: str | None,
@@ -61,6 +68,8 @@ def worker(
     verbose: bool,
 ) -> None:
     """Generate rollouts for a coordinator until stopped (SIGTERM/Ctrl-C finishes the group in hand)."""
+    if tensor_parallel_size is not None and backend != "vllm":
+        raise click.UsageError("--tensor-parallel-size is for --backend vllm only")
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
@@ -89,6 +98,7 @@ def worker(
         dtype=model_dtype,
         threads=threads,
         prompt_style=PromptStyle.from_task(job.spec.task),
+        **({"tensor_parallel_size": tensor_parallel_size} if tensor_parallel_size is not None else {}),
     )
     client = coord.WorkerClient(
         url,

@@ -87,6 +87,11 @@ _SWARM_RULES: tuple[tuple[str, str, str], ...] = (
         "external pools create no pods: leave replicas unset",
         ".replicas",
     ),
+    (
+        "!has(self.gpusPerReplica) || (has(self.backend) && self.backend == 'vllm')",
+        "tensor parallelism is for the vllm backend only",
+        ".gpusPerReplica",
+    ),
     NODE_AFFINITY_RULE,
     podtemplate.container_rule("worker"),
 )
@@ -101,7 +106,9 @@ class InferenceSwarmSpec(TemplatedPlacement):
     """``transformers`` (torch: CPU, CUDA, MPS), ``mlx`` (Apple Silicon; slow on Linux CPU) or
     ``vllm`` (CUDA only)."""
     replicas: Int | None = Field(default=None, ge=0, le=100_000)
-    """Worker count. Optional so an autoscaler or ``kubectl scale`` may own it (default 1)."""
+    """Worker count. Optional so an autoscaler or ``kubectl scale`` may own it (default 1). Of an
+    InferenceSwarm several EchoJobs use: the total, split evenly over the running jobs (what its scale
+    subresource reports, so an HPA sees the pods it sets)."""
     device: Device = "auto"
     """Torch device: ``auto`` picks CUDA, then MPS, then CPU."""
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
@@ -118,6 +125,9 @@ class InferenceSwarmSpec(TemplatedPlacement):
     all the work. Unset: no limit beyond ``capacity`` per worker."""
     threads: Int | None = Field(default=None, ge=1, le=1024)
     """CPU threads per worker (torch/mlx); default: the process's share of the cores."""
+    gpus_per_replica: Int | None = Field(default=None, ge=1, le=16)
+    """vLLM pools: GPUs each worker requests and shards the model over (``tensor_parallel_size``);
+    default 1. Not exercised by CI (no GPU there)."""
 
     @model_validator(mode="after")
     def _backend_device(self) -> InferenceSwarmSpec:
@@ -127,6 +137,8 @@ class InferenceSwarmSpec(TemplatedPlacement):
             raise ValueError("device: the mlx backend runs on Apple Silicon or CPU, not 'cuda'")
         if self.external and self.replicas not in (None, 0):
             raise ValueError("replicas: external pools create no pods; leave replicas unset")
+        if self.gpus_per_replica is not None and self.backend != "vllm":
+            raise ValueError("gpusPerReplica: tensor parallelism is for the vllm backend only")
         podtemplate.check_container(self.pod_template, "worker")
         return self
 

@@ -285,6 +285,68 @@ def _replicas(kube: KubeApiServer, ns: str, name: str, wanted: int) -> None:
     assert get(kube, ns, "deployment", name)["spec"]["replicas"] == wanted
 
 
+SHARED = """
+apiVersion: echorl.dev/v1alpha1
+kind: InferenceSwarm
+metadata: {{name: cpu-pool}}
+spec: {{backend: transformers, device: cpu, replicas: 5}}
+---
+apiVersion: echorl.dev/v1alpha1
+kind: EchoJob
+metadata: {{name: job-a}}
+spec:
+  model: {{path: echorl:tiny}}
+  storage: {storage}
+  inferenceSwarms: [{{name: cpu, swarmRef: cpu-pool}}]
+---
+apiVersion: echorl.dev/v1alpha1
+kind: EchoJob
+metadata: {{name: job-b}}
+spec:
+  model: {{path: echorl:tiny}}
+  storage: {storage}
+  inferenceSwarms: [{{name: cpu, swarmRef: cpu-pool}}]
+"""
+
+
+def test_a_shared_swarms_replicas_are_split_over_its_running_jobs(
+    operator: KopfRunner,
+    kube_apiserver: KubeApiServer,
+    kube_namespace: str,
+    storage_secret: str,
+    storage_yaml: Callable[..., str],
+    bucket: str,
+) -> None:
+    """spec.replicas of a shared swarm is the total: 5 over two jobs is 3 + 2; kubectl scale to 4 is
+    2 + 2; suspending one gives the other all 4, resuming splits them again."""
+    ns, kube = kube_namespace, kube_apiserver
+
+    def split(a: int, b: int) -> None:
+        assert (_deployment_replicas(kube, ns, "job-a-cpu"), _deployment_replicas(kube, ns, "job-b-cpu")) == (
+            a,
+            b,
+        )
+
+    apply(kube, ns, SHARED.format(storage=storage_yaml(bucket)))
+    eventually(lambda: split(3, 2))
+    kubectl_ok(kube, "scale", "-n", ns, "inferenceswarm/cpu-pool", "--replicas=4")
+    eventually(lambda: split(2, 2))
+    kubectl_ok(kube, "patch", "-n", ns, "echojob/job-b", "--type=merge", "-p", '{"spec": {"suspend": true}}')
+    eventually(lambda: split(4, 0))
+    kubectl_ok(kube, "patch", "-n", ns, "echojob/job-b", "--type=merge", "-p", '{"spec": {"suspend": false}}')
+    eventually(lambda: split(2, 2))
+    kubectl_ok(kube, "delete", "-n", ns, "echojob/job-a", "--wait=false")
+
+    def b_has_them_all() -> None:
+        assert _deployment_replicas(kube, ns, "job-b-cpu") == 4
+
+    eventually(b_has_them_all)  # job-a is going: job-b runs the swarm's 4 alone
+
+
+def _deployment_replicas(kube: KubeApiServer, ns: str, name: str) -> int:
+    return int(get(kube, ns, "deployment", name)["spec"].get("replicas", 1))
+
+
 def test_spec_changes_roll_only_their_pool_and_suspend_resumes(
     operator: KopfRunner,
     kube_apiserver: KubeApiServer,

@@ -145,6 +145,28 @@ def test_explicit_gpu_count_is_kept(make_job: Any) -> None:
     assert container(big)["image"] == Images().worker_cpu  # torch from PyPI is the CUDA build
 
 
+def test_vllm_gpus_per_replica_requests_the_gpus_and_shards_the_model_over_them(make_job: Any) -> None:
+    text = """
+    apiVersion: echorl.dev/v1alpha1
+    kind: EchoJob
+    metadata: {name: demo, namespace: ml}
+    spec:
+      inferenceSwarms:
+      - {name: tp, backend: vllm, gpusPerReplica: 4}
+      - {name: one, backend: vllm}
+    """
+    objs = by_key(children.desired(make_job(text), SETTINGS))
+    tp, one = container(objs[("Deployment", "demo-tp")]), container(objs[("Deployment", "demo-one")])
+    assert tp["resources"] == {"limits": {"nvidia.com/gpu": "4"}}
+    assert tp["command"][tp["command"].index("--tensor-parallel-size") + 1] == "4"
+    assert (
+        one["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
+        and "--tensor-parallel-size" not in one["command"]
+    )
+    # The pod's shape, not what the processes read: the job manifest does not carry it.
+    assert "gpusPerReplica" not in objs[("ConfigMap", "demo-config")]["data"]["job.yaml"]
+
+
 def test_cpu_pool_without_replicas_leaves_the_field_to_others(make_job: Any) -> None:
     cpu = by_key(children.desired(make_job(), SETTINGS))[("Deployment", "demo-cpu")]
     assert "replicas" not in cpu["spec"]  # `kubectl scale deployment` or an HPA may own it

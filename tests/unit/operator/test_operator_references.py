@@ -82,3 +82,45 @@ def test_the_manifest_form_carries_the_objects_own_name() -> None:
         "metadata": {"name": "strict", "namespace": "ml"},
         "spec": {},
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# A shared InferenceSwarm's replicas: the total, split over the running jobs that use it
+
+
+def stored(name: str, *pools: str, suspend: bool = False, ended: str | None = None) -> dict[str, Any]:
+    conditions = [{"type": ended, "status": "True"}] if ended else []
+    return {
+        "metadata": {"name": name, "namespace": "ml"},
+        "spec": {"suspend": suspend, "inferenceSwarms": [{"name": p, "swarmRef": "shared"} for p in pools]},
+        "status": {"conditions": conditions},
+    }
+
+
+@pytest.mark.parametrize("total", [0, 1, 2, 5, 6, 7, 100])
+@pytest.mark.parametrize("jobs", [1, 2, 3, 4])
+def test_the_shares_add_up_to_the_total_and_differ_by_at_most_one(total: int, jobs: int) -> None:
+    users = [(f"job-{i}", "cpu") for i in range(jobs)]
+    shares = [references.share(total, users, u) for u in users]
+    assert sum(shares) == total
+    assert max(shares) - min(shares) <= 1
+    assert shares == sorted(shares, reverse=True)  # the remainder goes to the first names
+
+
+def test_only_running_jobs_share_the_swarm_and_the_reconciled_body_wins() -> None:
+    jobs = [
+        stored("a", "cpu"),
+        stored("b", "cpu", "more"),  # two pools of one job on the same swarm: two shares
+        stored("c", "cpu", suspend=True),
+        stored("d", "cpu", ended="Succeeded"),
+        stored("e", "cpu", ended="Failed"),
+        {**stored("f", "cpu"), "metadata": {"name": "f", "namespace": "ml", "deletionTimestamp": "now"}},
+        stored("g"),  # uses no shared swarm
+    ]
+    assert references.swarm_users(jobs, "shared", "a", jobs[0]) == [("a", "cpu"), ("b", "cpu"), ("b", "more")]
+    # The job being reconciled is read from its newest body: suspending it takes it out.
+    assert references.swarm_users(jobs, "shared", "a", stored("a", "cpu", suspend=True)) == [
+        ("b", "cpu"),
+        ("b", "more"),
+    ]
+    assert references.swarm_users(jobs, "other", "a", jobs[0]) == []

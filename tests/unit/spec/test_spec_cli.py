@@ -148,3 +148,15 @@ def test_every_subcommand_has_help() -> None:
         result = runner.invoke(main, [name, "--help"])
         assert result.exit_code == 0, (name, result.output)
         assert "Usage:" in result.output
+
+
+def test_worker_refuses_tensor_parallelism_outside_vllm(tmp_path: Path) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text("apiVersion: echorl.dev/v1alpha1\nkind: EchoJob\nmetadata: {name: demo}\n")
+    result = CliRunner().invoke(
+        main,
+        ["worker", "--coordinator", "http://127.0.0.1:9", "--token", "t", "--job", str(job),
+         "--backend", "transformers", "--tensor-parallel-size", "2"],
+    )  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert "--tensor-parallel-size is for --backend vllm only" in result.output

@@ -170,6 +170,11 @@ TRAINER = "  trainingSwarm:\n    podTemplate: "
             "podTemplate.spec.topologySpreadConstraints[0].maxSkew",
             "≥ 1",
         ),
+        (
+            "  inferenceSwarms:\n  - {name: cpu, gpusPerReplica: 2}",
+            "spec.inferenceSwarms[0].gpusPerReplica",
+            "vllm backend only",
+        ),
     ],
 )
 def test_mistakes_are_named_at_their_field(snippet: str, path: str, needle: str) -> None:
