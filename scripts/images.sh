@@ -206,7 +206,7 @@ for name in "${IMAGES[@]}"; do
 done
 
 # Test images: a pause container (the pod sandbox containerd expects), the dev MinIO of
-# manifests/dev-minio.yaml from the minio this repo builds, and a trainer that fails on purpose.
+# manifests/dev/minio.yaml from the minio this repo builds, and a trainer that fails on purpose.
 bin="${ECHORL_TESTBIN_DIR:-$(scripts/testbin.sh | tail -n 1)}"
 test_ctx="$TMPDIR/test-context.$$"
 rm -rf "$test_ctx" && mkdir -p "$test_ctx"

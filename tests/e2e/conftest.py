@@ -1,6 +1,6 @@
 """The e2e tier: Echo installed on the real test cluster (``kube_cluster``) with ``kubectl apply -k``.
 
-``echorl_installed`` (session) applies a kustomize overlay of ``manifests/`` that only swaps image
+``echorl_installed`` (session) applies a kustomize overlay of ``manifests/`` and ``manifests/dev/`` (its dev MinIO) that only swaps image
 names (the ones ``scripts/images.sh`` built, by content hash) and the pull policy (``Never``: there
 is no registry), then waits until the operator and the dev MinIO are rolled out. The operator runs
 in its own pod, as its own service account, with the RBAC of ``manifests/rbac.yaml``.
@@ -62,7 +62,10 @@ def overlay(images: dict[str, str], out: Path) -> Path:
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
-        "resources": [os.path.relpath(MANIFESTS, out)],
+        "resources": [
+            os.path.relpath(MANIFESTS, out),
+            os.path.relpath(MANIFESTS / "dev", out),
+        ],  # + dev MinIO
         "images": [
             {"name": old, "newName": split(new)[0], "newTag": split(new)[1]} for old, new in swaps.items()
         ],

@@ -25,7 +25,7 @@ from services.cluster import Cluster
 
 T = TypeVar("T")
 DEADLINE_S = 600.0
-MINIO_ACCESS, MINIO_SECRET = "echorl-dev", "echorl-dev-secret"  # manifests/dev-minio.yaml
+MINIO_ACCESS, MINIO_SECRET = "echorl-dev", "echorl-dev-secret"  # manifests/dev/minio.yaml
 BUCKET = "echorl"
 
 

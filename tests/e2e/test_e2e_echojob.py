@@ -424,3 +424,41 @@ def test_pod_templates_reach_the_pods_and_a_pool_shares_a_model_cache_pvc(e2e: E
                 "--wait=false",
                 namespaced=False,
             )
+
+
+def test_a_shared_swarm_scales_its_total_over_the_jobs_using_it(e2e: E2E) -> None:
+    """Two jobs on one InferenceSwarm: its replicas are the pods of both, in spec and in status."""
+    swarm = {"backend": "transformers", "device": "cpu", "replicas": 3, "threads": 1, "resources": RESOURCES}
+    e2e.apply(
+        {
+            "apiVersion": "echorl.dev/v1alpha1",
+            "kind": "InferenceSwarm",
+            "metadata": {"name": "shared"},
+            "spec": swarm,
+        }
+    )
+    for name in ("share-a", "share-b"):
+        e2e.apply(echojob(name, max_steps=100_000, inferenceSwarms=[{"name": "cpu", "swarmRef": "shared"}]))
+
+    def workers() -> dict[str, int]:
+        pods = running(e2e, "echorl.dev/inference-swarm=shared")
+        return {
+            job: sum(p["metadata"]["labels"]["echorl.dev/job"] == job for p in pods)
+            for job in ("share-a", "share-b")
+        }
+
+    def scale_reads(total: int) -> dict[str, Any] | None:
+        scale = e2e.json("get", "inferenceswarm/shared", "--subresource=scale")
+        both = scale["spec"].get("replicas") == total and scale["status"].get("replicas") == total
+        return scale if both and sum(workers().values()) == total else None
+
+    scale = e2e.until(
+        "3 worker pods over the two jobs, as the scale subresource says", lambda: scale_reads(3)
+    )
+    e2e.note(f"replicas 3: workers per job {workers()}; scale {scale['spec']} / {scale['status']}")
+    assert sorted(workers().values()) == [1, 2]
+    e2e.kubectl("scale", "inferenceswarm/shared", "--replicas=2")
+    e2e.until(
+        "2 worker pods, one per job", lambda: scale_reads(2) and workers() == {"share-a": 1, "share-b": 1}
+    )
+    e2e.note(f"kubectl scale --replicas=2: workers per job {workers()}")

@@ -22,8 +22,6 @@ def test_the_kustomize_base_installs_everything(kube_apiserver: KubeApiServer, e
         ("namespace", "echorl-system"),
         ("serviceaccount", "echorl-operator"),
         ("deployment", "echorl-operator"),
-        ("deployment", "minio"),
-        ("service", "minio"),
         ("clusterrole", "echorl-operator"),
         ("clusterrole", "echorl-edit"),
         ("clusterrolebinding", "echorl-operator"),
@@ -31,6 +29,20 @@ def test_the_kustomize_base_installs_everything(kube_apiserver: KubeApiServer, e
         ("crd", "inferenceswarms.echorl.dev"),
     ]:
         kubectl_ok(kube_apiserver, "get", "-n", "echorl-system", kind, name)
+
+
+def test_the_base_installs_no_dev_minio_and_the_dev_kustomization_is_only_it(
+    kube_apiserver: KubeApiServer,
+) -> None:
+    def built(path: pathlib.Path) -> set[tuple[str, str]]:
+        proc = kube_apiserver.kubectl("kustomize", str(path))
+        assert proc.returncode == 0, proc.stderr
+        return {(d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(proc.stdout) if d}
+
+    base, dev = built(REPO / "manifests"), built(REPO / "manifests" / "dev")
+    assert not any("minio" in name for _, name in base), sorted(base)
+    assert ("Deployment", "echorl-operator") in base
+    assert dev == {("Deployment", "minio"), ("Service", "minio"), ("Secret", "minio-root")}
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.name for p in EXAMPLES])
