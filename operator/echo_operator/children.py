@@ -407,6 +407,8 @@ def tokens_file(job: JobInput) -> str:
         "trainer": f"sha256:{job.token_digests['trainer']}",
         "pools": {p.name: f"sha256:{job.token_digests[p.name]}" for p in job.pools},
     }
+    if names.STATUS_ROLE in job.token_digests:
+        data["status"] = f"sha256:{job.token_digests[names.STATUS_ROLE]}"
     return yaml.safe_dump(data, sort_keys=False)
 
 
@@ -428,16 +430,17 @@ def join_secret(
     token: str,
     coordinator_url: str | None = None,
 ) -> Object:
-    """A join token Secret (``<job>-<role>-join``, key ``token``; ``coordinator`` when known)."""
+    """A join token Secret (``<job>-<role>-join``, key ``token``; ``coordinator`` when known), or the
+    status token's (``<job>-status-token``)."""
     data = {"token": _b64(token)}
     if coordinator_url:
         data["coordinator"] = _b64(coordinator_url)
-    labels = names.labels(job_name, "join-token", None if role == "trainer" else role)
+    labels = names.labels(job_name, "join-token", None if role in ("trainer", names.STATUS_ROLE) else role)
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": {
-            "name": names.join_secret(job_name, role),
+            "name": names.role_secret(job_name, role),
             "namespace": namespace,
             "labels": labels,
             "ownerReferences": [owner],
@@ -470,6 +473,7 @@ def coordinator_deployment(job: JobInput, settings: Settings) -> Object:
             "0.0.0.0",
             "--port",
             str(names.COORDINATOR_PORT),
+            *(["--metrics-auth"] if settings.metrics_auth else []),
         ],
         "ports": [{"name": "http", "containerPort": names.COORDINATOR_PORT, "protocol": "TCP"}],
         "env": _common_env() + _store_env(job.store, readonly=False),
@@ -513,9 +517,16 @@ def coordinator_deployment(job: JobInput, settings: Settings) -> Object:
                     "labels": pod_labels,
                     "annotations": {
                         names.SPEC_HASH: hash_,
-                        "prometheus.io/scrape": "true",
-                        "prometheus.io/port": str(names.COORDINATOR_PORT),
-                        "prometheus.io/path": "/metrics",
+                        # An annotation-driven scrape sends no token: only where /metrics is open.
+                        **(
+                            {}
+                            if settings.metrics_auth
+                            else {
+                                "prometheus.io/scrape": "true",
+                                "prometheus.io/port": str(names.COORDINATOR_PORT),
+                                "prometheus.io/path": "/metrics",
+                            }
+                        ),
                     },
                 },
                 "spec": _pod_spec([container], volumes, echo_spec.Placement()),

@@ -60,6 +60,9 @@ class Settings:
     external_service_type: ExternalServiceType = "LoadBalancer"
     """How a job with external pools exposes its coordinator (``None``: the user provides an
     Ingress and sets the ``echorl.dev/external-url`` annotation)."""
+    metrics_auth: bool = False
+    """Coordinators serve ``/metrics`` only to the job's status token (``<job>-status-token``, key
+    ``token``) or the trainer's; their pods then carry no ``prometheus.io/scrape`` annotations."""
 
     def status_url(self, job: str, namespace: str) -> str:
         return self.coordinator_url.format(
@@ -93,7 +96,17 @@ class Settings:
             behind_grace_s=_seconds(env, "ECHORL_BEHIND_GRACE", defaults.behind_grace_s),
             restart_cooldown_s=_seconds(env, "ECHORL_RESTART_COOLDOWN", defaults.restart_cooldown_s),
             external_service_type=service_type,  # type: ignore[arg-type]
+            metrics_auth=_flag(env, "ECHORL_METRICS_AUTH", defaults.metrics_auth),
         )
+
+
+def _flag(env: Mapping[str, str], key: str, default: bool) -> bool:
+    raw = env.get(key)
+    if raw is None:
+        return default
+    if raw.lower() not in ("true", "false"):
+        raise ValueError(f"{key}: must be true or false, got {raw!r}")
+    return raw.lower() == "true"
 
 
 def _seconds(env: Mapping[str, str], key: str, default: float) -> float:

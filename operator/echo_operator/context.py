@@ -36,7 +36,8 @@ class JobMemory:
     problems: tuple[status_mod.Problem, ...] = ()
     applied_generation: int | None = None
     """The newest generation whose children were applied (None: none yet in this operator run)."""
-    trainer_token: str | None = None
+    status_token: str | None = None
+    """The read-only token the status pass reads the coordinator with."""
     storage_ready: str | None = None
     """Fingerprint of the storage settings whose bucket and marker were last ensured."""
     readonly_unsupported: str | None = None

@@ -72,6 +72,16 @@ def trainer_join_secret(job: str) -> str:
     return join_secret(job, "trainer")
 
 
+STATUS_ROLE = "status"
+"""The read-only role: the coordinator's status document and metrics, nothing else (the operator's)."""
+
+
+def role_secret(job: str, role: str) -> str:
+    """The Secret holding a role's token: ``<job>-<role>-join``; ``<job>-status-token`` for the status
+    token (not a join token, and not a name any pool's Secret can take)."""
+    return f"{job}-status-token" if role == STATUS_ROLE else join_secret(job, role)
+
+
 def tokens_secret(job: str) -> str:
     """The coordinator's tokens file: SHA-256 digests of every join token, never the tokens."""
     return f"{job}-tokens"

@@ -106,7 +106,7 @@ class Reconciler:
         )
         roles, external_roles = tokens.roles(resolved)
         found = tokens.ensure(ctx, body, roles, external_roles, url, existing)
-        mem.trainer_token = found["trainer"]
+        mem.status_token = found[names.STATUS_ROLE]
         job = dataclasses.replace(
             children.JobInput.from_resolved(resolved, uid, tokens.digests(found), store),
             finished=outcome is not None,

@@ -181,13 +181,13 @@ def read_progress(
 
 def fetch(ctx: context.Context, mem: context.JobMemory, namespace: str, name: str) -> None:
     """Read the coordinator's status document into ``mem`` (or why it could not be read)."""
-    why = why_unread(mem.job, mem.trainer_token is not None)
-    if why is not None or mem.trainer_token is None:
+    why = why_unread(mem.job, mem.status_token is not None)
+    if why is not None or mem.status_token is None:
         mem.doc, mem.doc_error = None, why
         return
     url = ctx.settings.status_url(name, namespace)
     try:
-        mem.doc = observe.fetch_status(url, mem.trainer_token, ctx.settings.http_timeout_s)
+        mem.doc = observe.fetch_status(url, mem.status_token, ctx.settings.http_timeout_s)
         mem.doc_error = None
     except observe.Unreachable as exc:
         mem.doc, mem.doc_error = None, str(exc)

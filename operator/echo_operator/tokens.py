@@ -39,7 +39,7 @@ def external_url(annotations: Mapping[str, str], service: Mapping[str, Any] | No
 def roles(resolved: spec.ResolvedJob) -> tuple[list[str], set[str]]:
     """(every role that needs a token, the roles of external pools)."""
     pools = resolved.inference_pools
-    return ["trainer", *(p for p, _ in pools)], {p for p, s in pools if s.external}
+    return ["trainer", names.STATUS_ROLE, *(p for p, _ in pools)], {p for p, s in pools if s.external}
 
 
 def digests(tokens: Mapping[str, str]) -> dict[str, str]:
@@ -69,7 +69,7 @@ def ensure(
     owner = context.owner(body)
     tokens: dict[str, str] = {}
     for role in roles_:
-        secret_name = names.join_secret(name, role)
+        secret_name = names.role_secret(name, role)
         role_url = url if role in external else None
         current = existing.get(("Secret", secret_name))
         if current is None:

@@ -24,7 +24,8 @@ from echo_runtime import spec
     "--tokens-file",
     required=True,
     type=click.Path(dir_okay=False, exists=True),
-    help="YAML/JSON: {trainer: TOKEN, pools: {POOL: TOKEN}}; values may be sha256:<hex>.",
+    help="YAML/JSON: {trainer: TOKEN, pools: {POOL: TOKEN}, status: TOKEN}; values may be sha256:<hex>; "
+    "status (optional) may only read /v1/status and /metrics.",
 )
 @click.option(
     "--vocab-size",
@@ -82,6 +83,13 @@ from echo_runtime import spec
     "saves: fast workers then generate groups that are dropped as too stale.",
 )
 @click.option(
+    "--metrics-auth/--no-metrics-auth",
+    default=False,
+    show_default=True,
+    envvar="ECHORL_METRICS_AUTH",
+    help="/metrics only for the status or the trainer token (default: open, as Prometheus scrapes expect).",
+)
+@click.option(
     "--no-store",
     is_flag=True,
     help="Start at t_train 0 without reading the snapshot store (tests, benchmarks).",
@@ -101,6 +109,7 @@ def coordinator(
     score_timeout: float,
     verifier_processes: int,
     pacing: bool,
+    metrics_auth: bool,
     no_store: bool,
     log_level: str,
 ) -> None:
@@ -130,6 +139,7 @@ def coordinator(
             score_timeout=score_timeout,
             verifier_processes=verifier_processes,
             pacing=pacing,
+            metrics_auth=metrics_auth,
         )
     except (spec.ManifestError, auth.TokenError, service.SetupError) as exc:
         raise click.ClickException(str(exc)) from exc

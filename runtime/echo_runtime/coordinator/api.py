@@ -12,7 +12,7 @@ Endpoints (all JSON; the schema is served at ``/openapi.json``, docs at ``/docs`
     POST   /v1/trainer/quarantine                          quarantine a worker       -> QuarantineReply
     GET    /v1/status                                      the status document (any join token)
     GET    /healthz                                        liveness (no token)
-    GET    /metrics                                        Prometheus (no token)
+    GET    /metrics                                        Prometheus (no token, unless metrics_auth)
 
 Promises: every request is authenticated before its body is read (registration: before the pool in
 its body is checked against the token); bodies are size-bounded (413) before they are read in full;
@@ -114,8 +114,11 @@ class Service:
         wall_clock: Callable[[], float] = time.time,
         expire_interval: float = 1.0,
         recheck_interval: float = 1.0,
+        metrics_auth: bool = False,
     ) -> None:
         self.state = coordinator
+        self.metrics_auth = metrics_auth
+        """``/metrics`` wants the status or the trainer token (else it is open, as Prometheus expects)."""
         self.tokens = tokens
         self.scorer = scorer if scorer is not None else scoring.InlineScorer(coordinator.task)
         """Re-scores submissions off the event loop (the default scores inline: tests with task objects)."""
@@ -517,7 +520,7 @@ def create_fastapi(svc: Service) -> FastAPI:
 
     @route("GET", "/v1/status", wire.StatusDocument, _security("joinToken"), tag="status")
     async def status(request: Request) -> Response:
-        """The status document of docs/contracts.md (any join token)."""
+        """The status document of docs/contracts.md (any join token, or the read-only status token)."""
         return _json(await handle_status(svc, _StarletteIncoming(request)))
 
     @app.get("/healthz", response_model=wire.Health, tags=["status"])
@@ -531,8 +534,18 @@ def create_fastapi(svc: Service) -> FastAPI:
         response_class=Response,
         responses={200: {"content": {metrics.CONTENT_TYPE: {}}, "description": "Prometheus text format."}},
     )
-    async def prometheus() -> Response:
-        """Prometheus metrics (see :mod:`echo_runtime.coordinator.metrics`)."""
+    async def prometheus(request: Request) -> Response:
+        """Prometheus metrics (see :mod:`echo_runtime.coordinator.metrics`); with ``--metrics-auth``, only
+        for the status or the trainer token (``Authorization: Bearer``)."""
+        if svc.metrics_auth:
+            token = auth.bearer(request.headers.get("authorization"))
+            if not (svc.tokens.is_status(token) or svc.tokens.is_trainer(token)):
+                raise state.Rejected(
+                    401,
+                    "unauthorized",
+                    "Authorization",
+                    "metrics need the status or the trainer token as 'Authorization: Bearer <token>'",
+                )
         return Response(metrics.render(svc.registry), media_type=metrics.CONTENT_TYPE)
 
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]

@@ -14,6 +14,7 @@ The tokens file (``--tokens-file``) is YAML or JSON::
     pools:
       cpu: <token>
       macs: sha256:5e88...
+    status: <token>                  # optional: may read /v1/status and /metrics, nothing else
 
 Plain tokens are hashed on load and the plain text is not kept. A plain token must have at least
 :data:`MIN_TOKEN_CHARS` characters.
@@ -69,20 +70,22 @@ class TokenError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class TokenStore:
-    """The digests of the trainer's and each pool's join token."""
+    """The digests of the trainer's and each pool's join token, and of the read-only status token."""
 
     trainer: bytes
     pools: Mapping[str, bytes]
+    status: bytes | None = None
+    """A token that may read the status document and the metrics only (what the operator uses)."""
 
     @classmethod
     def from_mapping(cls, data: Any, source: str = "tokens") -> TokenStore:
         """Build from ``{"trainer": ..., "pools": {name: ...}}``; values are tokens or ``sha256:<hex>``."""
         if not isinstance(data, Mapping):
             raise TokenError(f"{source}: must be a mapping with keys 'trainer' and 'pools'")
-        unknown = sorted(set(data) - {"trainer", "pools"})
+        unknown = sorted(set(data) - {"trainer", "pools", "status"})
         if unknown:
             raise TokenError(
-                f"{source}: unknown key(s) {', '.join(map(str, unknown))}; allowed: trainer, pools"
+                f"{source}: unknown key(s) {', '.join(map(str, unknown))}; allowed: trainer, pools, status"
             )
         if "trainer" not in data:
             raise TokenError(f"{source}: 'trainer' is missing")
@@ -92,6 +95,7 @@ class TokenStore:
         return cls(
             trainer=_stored(data["trainer"], f"{source}: trainer"),
             pools={str(name): _stored(value, f"{source}: pools.{name}") for name, value in pools.items()},
+            status=_stored(data["status"], f"{source}: status") if data.get("status") is not None else None,
         )
 
     @classmethod
@@ -108,17 +112,23 @@ class TokenStore:
     def is_trainer(self, token: str | None) -> bool:
         return matches(token, self.trainer)
 
+    def is_status(self, token: str | None) -> bool:
+        """True if ``token`` is the read-only status token (False when there is none, in the same time)."""
+        return matches(token, self.status if self.status is not None else b"\0" * 32)
+
     def is_pool(self, pool: str, token: str | None) -> bool:
         """True if ``token`` is ``pool``'s join token (False for an unknown pool, in the same time)."""
         return matches(token, self.pools.get(pool, b"\0" * 32))
 
     def is_known(self, token: str | None) -> bool:
-        """True if ``token`` is any join token (compares against all of them)."""
+        """True if ``token`` is any of the job's tokens (compares against all of them); what it may do is
+        checked by role afterwards, so the status token gets no further than the status endpoints."""
         if token is None:
             return False
         found = digest(token)
         hit = False
-        for stored in (self.trainer, *self.pools.values()):
+        status = () if self.status is None else (self.status,)
+        for stored in (self.trainer, *self.pools.values(), *status):
             hit |= hmac.compare_digest(found, stored)
         return hit
 

@@ -111,6 +111,7 @@ def build(
     score_timeout: float = scoring.DEFAULT_TIMEOUT_S,
     verifier_processes: int = 1,
     pacing: bool = True,
+    metrics_auth: bool = False,
 ) -> api.Service:
     """A ready-to-serve coordinator for ``job`` (``t_train`` recovered from ``store``).
 
@@ -156,7 +157,9 @@ def build(
         "on" if settings.pacing else "OFF",
         "on" if detokenizer is not None else "OFF",
     )
-    return api.Service(coordinator, tokens, scorer=scorer)
+    if metrics_auth and tokens.status is None:
+        raise SetupError("--metrics-auth: the tokens file has no 'status' token to read the metrics with")
+    return api.Service(coordinator, tokens, scorer=scorer, metrics_auth=metrics_auth)
 
 
 class _CoalescingTransport:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -10,7 +11,7 @@ import pytest
 from coordinator_helpers import CPU_TOKEN, GPU_TOKEN, TRAINER_TOKEN, answer
 from fastapi.testclient import TestClient
 
-from echo_runtime.coordinator import api
+from echo_runtime.coordinator import api, auth
 
 REGISTER = {"pool": "cpu", "backend": "transformers", "device": "cpu", "dtype": "float32", "capacity": 2}
 
@@ -241,3 +242,41 @@ def test_openapi_schema_is_complete(make_service: Callable[..., api.Service]) ->
         assert ref.removeprefix("#/components/schemas/") in components, ref
     rollout = components["RolloutIn"]["properties"]
     assert rollout["logprobs"]["items"]["maximum"] == 0.0 and rollout["tokenIds"]["maxItems"] == 32768
+
+
+STATUS_TOKEN = "read-only-status-token-0001"
+
+
+@pytest.fixture
+def with_status_token(make_service: Callable[..., api.Service]) -> Callable[..., TestClient]:
+    def make(metrics_auth: bool) -> TestClient:
+        svc = make_service(metrics_auth=metrics_auth)
+        svc.tokens = dataclasses.replace(svc.tokens, status=auth.digest(STATUS_TOKEN))
+        return TestClient(api.create_app(svc))
+
+    return make
+
+
+def test_the_status_token_reads_the_status_and_nothing_else(
+    with_status_token: Callable[..., TestClient],
+) -> None:
+    with with_status_token(metrics_auth=False) as c:
+        assert c.get("/v1/status", headers=bearer(STATUS_TOKEN)).status_code == 200
+        refused = c.post("/v1/workers", json=REGISTER, headers=bearer(STATUS_TOKEN))
+        assert refused.status_code == 403 and refused.json()["error"]["field"] == "Authorization"
+        batch = c.post(
+            "/v1/trainer/batches", json={"version": 0, "waitSeconds": 0}, headers=bearer(STATUS_TOKEN)
+        )
+        assert batch.status_code == 403, batch.text
+        assert c.get("/metrics").status_code == 200  # open by default, as Prometheus expects
+
+
+def test_metrics_auth_wants_the_status_or_the_trainer_token(
+    with_status_token: Callable[..., TestClient],
+) -> None:
+    with with_status_token(metrics_auth=True) as c:
+        anonymous = c.get("/metrics")
+        assert anonymous.status_code == 401 and anonymous.json()["error"]["field"] == "Authorization"
+        assert c.get("/metrics", headers=bearer(CPU_TOKEN)).status_code == 401  # a join token is not enough
+        assert "echorl_coordinator_policy_version" in c.get("/metrics", headers=bearer(STATUS_TOKEN)).text
+        assert c.get("/metrics", headers=bearer(TRAINER_TOKEN)).status_code == 200

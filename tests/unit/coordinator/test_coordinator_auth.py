@@ -61,3 +61,17 @@ def test_bearer_header_parsing_and_generated_tokens() -> None:
     store = auth.TokenStore.from_mapping(generated)
     assert store.is_pool("macs", generated["pools"]["macs"]) and len(generated["trainer"]) >= 40
     assert auth.matches("x", auth.digest("x")) and not auth.matches(None, auth.digest("x"))
+
+
+def test_the_status_token_is_optional_and_known_but_no_join_token() -> None:
+    status = "a-read-only-status-token"
+    store = auth.TokenStore.from_mapping(
+        {"trainer": TOKEN, "pools": {"cpu": "cpu-token-abcdefgh"}, "status": status}
+    )
+    assert store.is_status(status) and store.is_known(status)
+    assert not store.is_trainer(status) and not store.is_pool("cpu", status)
+    assert not store.is_status(TOKEN)
+    without = auth.TokenStore.from_mapping({"trainer": TOKEN, "pools": {"cpu": "cpu-token-abcdefgh"}})
+    assert without.status is None and not without.is_status(status) and not without.is_known(status)
+    with pytest.raises(auth.TokenError, match="status: a token needs at least 16"):
+        auth.TokenStore.from_mapping({"trainer": TOKEN, "pools": {"cpu": TOKEN}, "status": "short"})

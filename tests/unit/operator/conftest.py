@@ -56,7 +56,7 @@ def build_job(text: str = HETEROGENEOUS, uid: str = "uid-1", **store: str | None
     docs = spec.load_documents(textwrap.dedent(text))
     job = next(d for d in docs if isinstance(d, spec.EchoJob))
     resolved = spec.resolve(job, docs)
-    roles = ["trainer", *(name for name, _ in resolved.inference_pools)]
+    roles = ["trainer", "status", *(name for name, _ in resolved.inference_pools)]
     digests = {role: hashlib.sha256(role.encode()).hexdigest() for role in roles}
     wiring = children.StoreWiring(secret=store.get("secret", "creds"), readonly_secret=store.get("readonly"))
     return children.JobInput.from_resolved(resolved, uid, digests, wiring)

@@ -293,6 +293,22 @@ def test_coordinator_is_a_recreated_singleton_with_probes_and_the_tokens_file(ma
     assert volumes["job"] == {"name": "job", "configMap": {"name": "demo-config"}}
 
 
+def test_metrics_auth_closes_the_coordinators_metrics_and_drops_the_scrape_annotations(make_job: Any) -> None:
+    def coordinator(settings: Settings) -> dict[str, Any]:
+        return by_key(children.desired(make_job(), settings))[("Deployment", "demo-coordinator")]
+
+    open_, closed = coordinator(SETTINGS), coordinator(Settings(metrics_auth=True))
+    assert "--metrics-auth" not in container(open_)["command"]
+    assert open_["spec"]["template"]["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    assert "--metrics-auth" in container(closed)["command"]
+    assert not any(
+        k.startswith("prometheus.io/") for k in closed["spec"]["template"]["metadata"]["annotations"]
+    )
+    assert Settings.from_env({"ECHORL_METRICS_AUTH": "true"}).metrics_auth
+    with pytest.raises(ValueError, match="ECHORL_METRICS_AUTH: must be true or false"):
+        Settings.from_env({"ECHORL_METRICS_AUTH": "yes"})
+
+
 def test_pods_run_unprivileged_without_api_access(make_job: Any) -> None:
     for obj in workloads(children.desired(make_job(), SETTINGS)):
         pod = obj["spec"]["template"]["spec"]
@@ -317,6 +333,7 @@ def test_tokens_file_holds_digests_never_tokens(make_job: Any) -> None:
     assert data["trainer"] == f"sha256:{job.token_digests['trainer']}"
     assert set(data["pools"]) == {"gpu", "cpu", "mac", "shared"}
     assert all(v.startswith("sha256:") and len(v) == 7 + 64 for v in data["pools"].values())
+    assert data["status"] == f"sha256:{job.token_digests['status']}"  # read-only: the operator's
 
 
 def test_join_secret_follows_the_contract() -> None:
@@ -329,6 +346,10 @@ def test_join_secret_follows_the_contract() -> None:
     assert secret["metadata"]["ownerReferences"] == [owner]
     trainer = children.join_secret("demo", "ml", owner, "trainer", "t")
     assert "coordinator" not in trainer["data"] and names.POOL not in trainer["metadata"]["labels"]
+    status = children.join_secret("demo", "ml", owner, names.STATUS_ROLE, "s")
+    assert (
+        status["metadata"]["name"] == "demo-status-token" and names.POOL not in status["metadata"]["labels"]
+    )
 
 
 def test_process_manifest_is_a_loadable_self_contained_job(make_job: Any, tmp_path: pathlib.Path) -> None:

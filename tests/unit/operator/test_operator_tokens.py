@@ -39,7 +39,14 @@ def test_roles_are_the_trainer_and_every_pool_external_ones_marked(hetero_text: 
     docs = spec.load_documents(hetero_text)
     job = next(d for d in docs if isinstance(d, spec.EchoJob))
     roles, external = tokens.roles(spec.resolve(job, docs))
-    assert roles == ["trainer", "gpu", "cpu", "mac", "shared"]
+    assert roles == [
+        "trainer",
+        "status",
+        "gpu",
+        "cpu",
+        "mac",
+        "shared",
+    ]  # status: the operator's read-only one
     assert external == {"mac"}
 
 
