@@ -55,7 +55,7 @@ def trainer_action(
 def keep(job: children.JobInput, wanted: Sequence[Object]) -> set[Key]:
     """The children that stay: the wanted ones, every join Secret, the read-only Secret, a finished trainer."""
     out = {children.key(o) for o in wanted}
-    out |= {("Secret", names.join_secret(job.name, role)) for role in children.roles(job)}
+    out |= {("Secret", names.role_secret(job.name, role)) for role in children.roles(job)}
     out.add(("Secret", names.readonly_secret(job.name)))
     if job.finished:  # the finished trainer Job stays, for its record and its pods' logs
         out.add(("Job", names.trainer(job.name)))

@@ -850,4 +850,4 @@ def key(obj: Object) -> tuple[str, str]:
 
 def roles(job: JobInput) -> Sequence[str]:
     """The roles that need a join token: the trainer and every pool."""
-    return ["trainer", *(p.name for p in job.pools)]
+    return ["trainer", names.STATUS_ROLE, *(p.name for p in job.pools)]

@@ -52,6 +52,8 @@ def test_what_stays(make_job: MakeJob) -> None:
     for role in ("trainer", "gpu", "cpu", "mac", "shared"):
         assert ("Secret", f"demo-{role}-join") in kept
     assert ("Secret", "demo-storage-readonly") in kept
+    # The status token is kept too: pruned, it would be made anew each pass, rolling the coordinator.
+    assert ("Secret", "demo-status-token") in kept and ("Secret", "demo-status-join") not in kept
     assert ("Job", "demo-trainer") not in kept  # not wanted (say, suspended) and not finished
     assert ("Job", "demo-trainer") in apply.keep(dataclasses.replace(job, finished=True), wanted)
 
