@@ -143,7 +143,11 @@ def test_resuming_gives_a_pool_back_the_replicas_it_was_scaled_to(
     replicas(0)
     patch_job(kube_apiserver, ns, '{"spec": {"suspend": false}}')
     eventually(lambda: replicas(3))
-    assert condition(get(kube_apiserver, ns, "echojob", "honest"), "Suspended")["status"] == "False"
+
+    def resumed() -> None:  # status is written once the children are applied, a moment after them
+        assert condition(get(kube_apiserver, ns, "echojob", "honest"), "Suspended")["status"] == "False"
+
+    eventually(resumed)
 
     # Afterwards the scale is the user's (or the HPA's) again: the operator does not fight it.
     kubectl_ok(kube_apiserver, "scale", "-n", ns, "deployment/honest-cpu", "--replicas=5")

@@ -128,11 +128,16 @@ def test_sigkills_of_every_kind_of_process_heal_without_help(tmp_path: Path, bui
                 assert time.monotonic() < deadline, f"stuck before version {version}"
                 time.sleep(0.2)
             time.sleep(rng.uniform(0.0, 1.0))  # anywhere in a step: sampling, training, publishing
+            # The victim may be between a crash and its restart (an earlier kill, a backoff): wait for it.
+            alive = time.monotonic() + 60
             running = processes_of(run_dir)
+            while not running.get(victim) and time.monotonic() < alive:
+                time.sleep(0.2)
+                running = processes_of(run_dir)
             table = process_groups()
             groups.update(table[pid] for pids in running.values() for pid in pids if pid in table)
             pids = running.get(victim, [])
-            assert pids, f"no {victim} process to kill at version {version}: {running}"
+            assert pids, f"no {victim} process to kill at version {version} within 60 s: {running}"
             for pid in pids:
                 os.kill(pid, signal.SIGKILL)
             killed.append((victim, versions_done(run_dir)))
