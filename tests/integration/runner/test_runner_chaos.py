@@ -14,6 +14,7 @@ random order, each at a random policy version. With no manual step the run must:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -145,6 +146,12 @@ def test_sigkills_of_every_kind_of_process_heal_without_help(tmp_path: Path, bui
     finally:
         if runner.poll() is None:
             runner.kill()
+            runner.wait(timeout=30)
+            # Killed outright, the runner cannot stop its children (each in its own process group).
+            for pid in (pid for pids in processes_of(run_dir).values() for pid in pids):
+                with contextlib.suppress(ProcessLookupError):
+                    if os.getpgid(pid) != os.getpgid(0):
+                        os.killpg(os.getpgid(pid), signal.SIGKILL)
     assert runner.returncode == 0, output[-4000:]
     assert len(killed) == len(VICTIMS)
 
