@@ -70,15 +70,11 @@ def main() -> None:
             )
         gains = [r["gain"] for r in rows]
         mean = statistics.mean(gains)
-        half = (
-            sync.t_quantile(len(gains) - 1) * statistics.stdev(gains) / math.sqrt(len(gains))
-            if len(gains) > 1
-            else math.nan
-        )
+        interval = sync.t_interval(gains) or (math.nan, math.nan)
         report["modes"][mode] = {
             "runs": rows,
             "meanGain": mean,
-            "ci95": [mean - half, mean + half],
+            "ci95": list(interval),
             "meanBefore": statistics.mean(r["before"] for r in rows),
             "meanAfter": statistics.mean(r["after"] for r in rows),
             "meanSecondsToVersion": statistics.mean(r["publishedAtSeconds"] for r in rows),

@@ -6,7 +6,7 @@
 set -euo pipefail
 ECHORL_REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ECHORL_CACHE="${ECHORL_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/echorl}"
-ECHORL_EXTRAS="${ECHORL_EXTRAS:-dev,mlx}"
+ECHORL_EXTRAS="${ECHORL_EXTRAS:-dev,mlx,bench}"
 py="$(command -v python3.11 || command -v python3)"
 hash="$( (cat "$ECHORL_REPO/pyproject.toml"; echo "$ECHORL_EXTRAS"; "$py" --version) | sha256sum | cut -c1-12)"
 ECHORL_VENV="$ECHORL_CACHE/venv/$hash"

@@ -1,6 +1,6 @@
 """Backend fidelity statistics: log-prob mismatch, a sequence-level KL estimate, two-sample tests.
 
-Pure functions on numbers (numpy only; no ML framework, no I/O). :mod:`.fidelity_run` samples from real
+Pure functions on numbers (numpy and scipy only; no ML framework, no I/O). :mod:`.fidelity_run` samples from real
 backends and feeds them here.
 
 **Log-prob mismatch** (:func:`logprob_mismatch`). For rollouts sampled from a backend's behaviour policy
@@ -19,11 +19,14 @@ same policy — are they the same distribution? Reported together because reward
 
 * a permutation test of the difference in means, two-sided: exact (all ``C(m+n, m)`` splits) when there
   are at most ``exact_limit`` of them, else ``resamples`` random permutations with ``p = (k+1)/(R+1)``;
-* the Mann–Whitney U test, normal approximation with tie and continuity corrections (as
-  ``scipy.stats.mannwhitneyu(method="asymptotic")``);
-* the two-sample Kolmogorov–Smirnov statistic with its asymptotic p-value (Stephens' small-sample
-  correction; conservative for discrete data);
-* the difference in means with a 95% confidence interval (Welch standard error, normal quantile).
+* the Mann–Whitney U test: exact for small samples without ties, else the normal approximation with
+  tie and continuity corrections;
+* the two-sample Kolmogorov–Smirnov test (exact for small samples; conservative for discrete data);
+* the difference in means with a 95% confidence interval (Welch's t, Welch–Satterthwaite degrees of
+  freedom: right at n = 3, where a normal quantile is far too narrow).
+
+Every test and interval is ``scipy.stats``'s; this module chooses them, validates the input and
+reports them together.
 
 Promises: every function is deterministic (the Monte-Carlo permutation test takes a seed); inputs are
 validated with errors that say which sequence or sample is wrong; p-values are in [0, 1].
@@ -32,15 +35,13 @@ validated with errors that say which sequence or sample is wrong; p-values are i
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-
-Z95 = 1.959963984540054
-"""The standard normal 97.5% quantile."""
+from scipy import stats
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +108,10 @@ def _check(a: Sequence[float], b: Sequence[float]) -> tuple[np.ndarray, np.ndarr
     return x, y
 
 
+def _mean_gap(a: np.ndarray, b: np.ndarray, axis: int = -1) -> Any:
+    return np.abs(np.mean(a, axis=axis) - np.mean(b, axis=axis))
+
+
 def permutation_test(
     a: Sequence[float],
     b: Sequence[float],
@@ -115,90 +120,46 @@ def permutation_test(
     seed: int = 0,
     exact_limit: int = 20_000,
 ) -> tuple[float, bool]:
-    """Two-sided permutation p-value of ``mean(a) − mean(b)``, and whether it was exact."""
+    """Two-sided permutation p-value of ``mean(a) − mean(b)``, and whether it was exact.
+
+    The statistic is ``|mean(a) − mean(b)|`` and the p-value the share of splits at least as large
+    (``scipy.stats.permutation_test``): every split when there are at most ``exact_limit``, else
+    ``resamples`` random ones, counted with the observed split (``(k + 1)/(R + 1)``, never 0).
+    """
     x, y = _check(a, b)
-    pooled = np.concatenate([x, y])
-    m, total = x.size, pooled.size
-    observed = abs(x.mean() - y.mean())
-    tolerance = 1e-12 * max(1.0, float(np.abs(pooled).max()))
-    pooled_sum = pooled.sum()
-
-    def extreme(sums: np.ndarray) -> int:
-        diff = np.abs(sums / m - (pooled_sum - sums) / (total - m))
-        return int(np.count_nonzero(diff >= observed - tolerance))
-
-    if math.comb(total, m) <= exact_limit:
-        combos = np.fromiter(
-            itertools.chain.from_iterable(itertools.combinations(range(total), m)), dtype=np.int64
-        ).reshape(-1, m)
-        return extreme(pooled[combos].sum(axis=1)) / combos.shape[0], True
-    rng = np.random.default_rng(seed)
-    count = 0
-    for start in range(0, resamples, 1000):
-        rows = min(1000, resamples - start)
-        keys = rng.random((rows, total))
-        chosen = np.argsort(keys, axis=1)[:, :m]
-        count += extreme(pooled[chosen].sum(axis=1))
-    return (count + 1) / (resamples + 1), False
-
-
-def rank(values: np.ndarray) -> np.ndarray:
-    """Ranks 1..n, ties given their average rank."""
-    order = np.argsort(values, kind="mergesort")
-    ranks = np.empty(values.size, dtype=np.float64)
-    sorted_values = values[order]
-    start = 0
-    for end in range(1, values.size + 1):
-        if end == values.size or sorted_values[end] != sorted_values[start]:
-            ranks[order[start:end]] = (start + 1 + end) / 2.0
-            start = end
-    return ranks
+    if x.size < 2 or y.size < 2:
+        raise ValueError(f"a permutation test needs at least 2 values per sample, got {x.size} and {y.size}")
+    exact = math.comb(x.size + y.size, x.size) <= exact_limit
+    found = stats.permutation_test(
+        (x, y),
+        _mean_gap,
+        permutation_type="independent",
+        vectorized=True,
+        n_resamples=np.inf if exact else resamples,
+        alternative="greater",
+        rng=np.random.default_rng(seed),
+    )
+    return min(1.0, float(found.pvalue)), exact
 
 
 def mann_whitney(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
-    """``(U of a, two-sided p)``: normal approximation with tie and continuity corrections."""
+    """``(U of a, two-sided p)`` (``scipy.stats.mannwhitneyu``, method ``auto``: the exact null
+    distribution for small samples without ties, else the normal approximation with tie and continuity
+    corrections). All values tied is no evidence at all: p = 1."""
     x, y = _check(a, b)
-    m, n = x.size, y.size
-    pooled = np.concatenate([x, y])
-    ranks = rank(pooled)
-    u = float(ranks[:m].sum() - m * (m + 1) / 2.0)
-    _, ties = np.unique(pooled, return_counts=True)
-    total = m + n
-    tie_term = (
-        float(np.sum(ties.astype(np.float64) ** 3 - ties)) / (total * (total - 1)) if total > 1 else 0.0
-    )
-    variance = m * n / 12.0 * ((total + 1) - tie_term)
-    if variance <= 0:
-        return u, 1.0
-    mu = m * n / 2.0
-    z = (abs(u - mu) - 0.5) / math.sqrt(variance)
-    return u, min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2.0)))
+    if np.all(np.concatenate([x, y]) == x[0]):
+        return x.size * y.size / 2.0, 1.0
+    found = stats.mannwhitneyu(x, y, alternative="two-sided")
+    return float(found.statistic), min(1.0, float(found.pvalue))
 
 
 def ks_two_sample(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
-    """``(D, p)``: the largest gap between the empirical CDFs and its asymptotic two-sided p-value."""
-    raw_x, raw_y = _check(a, b)
-    x, y = np.sort(raw_x), np.sort(raw_y)
-    points = np.concatenate([x, y])
-    cdf_x = np.searchsorted(x, points, side="right") / x.size
-    cdf_y = np.searchsorted(y, points, side="right") / y.size
-    d = float(np.max(np.abs(cdf_x - cdf_y)))
-    en = math.sqrt(x.size * y.size / (x.size + y.size))
-    return d, kolmogorov_q((en + 0.12 + 0.11 / en) * d)
-
-
-def kolmogorov_q(lam: float) -> float:
-    """``Q_KS(λ) = 2 Σ_{j≥1} (−1)^{j−1} e^{−2 j² λ²}``, the Kolmogorov distribution's tail (in [0, 1])."""
-    if lam < 1e-3:
-        return 1.0
-    total, sign = 0.0, 1.0
-    for j in range(1, 101):
-        term = sign * math.exp(-2.0 * j * j * lam * lam)
-        total += term
-        if abs(term) < 1e-12:
-            break
-        sign = -sign
-    return min(1.0, max(0.0, 2.0 * total))
+    """``(D, p)``: the largest gap between the empirical CDFs and its two-sided p-value
+    (``scipy.stats.ks_2samp``: exact for small samples, asymptotic for large; conservative for
+    discrete data)."""
+    x, y = _check(a, b)
+    found = stats.ks_2samp(x, y)
+    return float(found.statistic), min(1.0, float(found.pvalue))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,7 +171,7 @@ class TwoSample:
     mean_a: float
     mean_b: float
     difference: float
-    ci95: tuple[float, float]
+    ci95: tuple[float, float] | None
     permutation_p: float
     permutation_exact: bool
     mann_whitney_u: float
@@ -225,7 +186,7 @@ class TwoSample:
             "meanA": self.mean_a,
             "meanB": self.mean_b,
             "difference": self.difference,
-            "ci95": list(self.ci95),
+            "ci95": list(self.ci95) if self.ci95 is not None else None,
             "permutationP": self.permutation_p,
             "permutationExact": self.permutation_exact,
             "mannWhitneyU": self.mann_whitney_u,
@@ -235,14 +196,22 @@ class TwoSample:
         }
 
 
-def welch_ci(a: Sequence[float], b: Sequence[float], z: float = Z95) -> tuple[float, float]:
-    """``mean(a) − mean(b) ± z · √(s_a²/m + s_b²/n)`` (sample variances; 0 for a single value)."""
+def welch_ci(a: Sequence[float], b: Sequence[float]) -> tuple[float, float] | None:
+    """The 95% interval of ``mean(a) − mean(b)``: Welch's t with Welch–Satterthwaite degrees of
+    freedom (``scipy.stats.ttest_ind(equal_var=False)``). None when a sample has a single value (no
+    variance to estimate); the difference itself when neither sample varies."""
     x, y = _check(a, b)
-    var_x = float(x.var(ddof=1)) if x.size > 1 else 0.0
-    var_y = float(y.var(ddof=1)) if y.size > 1 else 0.0
+    if x.size < 2 or y.size < 2:
+        return None
     diff = float(x.mean() - y.mean())
-    half = z * math.sqrt(var_x / x.size + var_y / y.size)
-    return diff - half, diff + half
+    if float(x.var(ddof=1)) == 0.0 and float(y.var(ddof=1)) == 0.0:
+        return diff, diff
+    with warnings.catch_warnings():
+        # scipy warns of "precision loss" when one sample is constant (0/1 rewards often are); its
+        # variance is then exactly 0, which is what Welch's formula needs.
+        warnings.filterwarnings("ignore", "Precision loss", RuntimeWarning)
+        interval = stats.ttest_ind(x, y, equal_var=False).confidence_interval(0.95)
+    return float(interval.low), float(interval.high)
 
 
 def compare_samples(

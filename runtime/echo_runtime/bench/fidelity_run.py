@@ -114,6 +114,11 @@ class _Sampled:
 
 def run(options: Options, log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """One fidelity run; returns the JSON report (see the module docstring)."""
+    if options.prompts * options.n < 2:
+        raise ValueError(
+            f"prompts × n must be at least 2 (two-sample tests need two samples per backend), "
+            f"got {options.prompts} × {options.n}"
+        )
     import torch
 
     from echo_runtime import backends as backend_registry
@@ -367,7 +372,8 @@ def table(report: dict[str, Any]) -> str:
         ]
         for name, p in report["pairs"].items():
             m, r = p["logprobs"], p["rewards"]
-            ci = f"{r['difference']:+.3f} [{r['ci95'][0]:+.3f},{r['ci95'][1]:+.3f}]"
+            band = f"[{r['ci95'][0]:+.3f},{r['ci95'][1]:+.3f}]" if r["ci95"] else "[n < 2]"
+            ci = f"{r['difference']:+.3f} {band}"
             lines.append(
                 f"{name:30s} {m['meanAbs']:9.2e} {m['maxAbs']:9.2e} {m['klSeq']:9.2e} {ci:>24s} "
                 f"{r['permutationP']:7.3f} {r['mannWhitneyP']:7.3f} {r['ksP']:7.3f} "

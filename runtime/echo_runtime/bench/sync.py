@@ -18,7 +18,10 @@ Definitions (one per measure, used by the table, the JSON and the plots):
 * **95% CI** across seeds: Student-t interval ``mean ± t₀.₉₇₅,n−1 · s/√n`` (n ≥ 2), and a seeded
   percentile bootstrap of the mean (reported too; with 3 seeds it is narrow and should be read with
   the t-interval). **Speedup** of a configuration: Colocated's mean over its mean for time-to-target
-  (higher is faster), its mean over Colocated's for rollouts/s; CI by bootstrap of the ratio of means.
+  (higher is faster), its mean over Colocated's for rollouts/s; CI by bootstrap of the ratio of means,
+  the two configurations' seeds resampled independently.
+
+The statistics are ``scipy.stats``'s (``t``, ``sem``, ``bootstrap``), not hand-written.
 """
 
 from __future__ import annotations
@@ -28,17 +31,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from scipy import stats
 
 BASELINE = "Colocated"
 BOOTSTRAP_RESAMPLES = 2000
-
-# Two-sided 95% Student-t quantiles t_{0.975, df}, df = 1..30 (standard tables).
-_T975 = (
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-)  # fmt: skip
-Z975 = 1.959963984540054
 
 SCALARS = (
     "timeToTargetSeconds",
@@ -55,18 +51,10 @@ SCALARS = (
 
 
 def t_quantile(df: int) -> float:
-    """``t_{0.975, df}``: the table for df ≤ 30, a Cornish-Fisher expansion (error < 1e-3) above."""
+    """``t_{0.975, df}``, Student's t quantile (``scipy.stats.t``)."""
     if df < 1:
         raise ValueError(f"degrees of freedom must be ≥ 1, got {df}")
-    if df <= len(_T975):
-        return _T975[df - 1]
-    z = Z975
-    return (
-        z
-        + (z**3 + z) / (4 * df)
-        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
-        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3)
-    )
+    return float(stats.t.ppf(0.975, df))
 
 
 def t_interval(values: Sequence[float]) -> tuple[float, float] | None:
@@ -74,9 +62,15 @@ def t_interval(values: Sequence[float]) -> tuple[float, float] | None:
     if len(values) < 2:
         return None
     x = np.asarray(values, dtype=np.float64)
-    half = t_quantile(len(x) - 1) * float(x.std(ddof=1)) / math.sqrt(len(x))
-    mean = float(x.mean())
-    return mean - half, mean + half
+    mean, sem = float(x.mean()), float(stats.sem(x))
+    if sem == 0.0:  # every value equal: scipy's interval is undefined (scale 0); the mean is exact
+        return mean, mean
+    low, high = stats.t.interval(0.95, len(x) - 1, loc=mean, scale=sem)
+    return float(low), float(high)
+
+
+def _mean(sample: np.ndarray, axis: int = -1) -> Any:
+    return np.mean(sample, axis=axis)
 
 
 def bootstrap_interval(
@@ -86,28 +80,46 @@ def bootstrap_interval(
     if len(values) < 2:
         return None
     x = np.asarray(values, dtype=np.float64)
-    rng = np.random.default_rng(seed)
-    means = x[rng.integers(0, len(x), size=(resamples, len(x)))].mean(axis=1)
-    low, high = np.percentile(means, [2.5, 97.5])
-    return float(low), float(high)
+    found = stats.bootstrap(
+        (x,),
+        _mean,
+        n_resamples=resamples,
+        confidence_level=0.95,
+        method="percentile",
+        rng=np.random.default_rng(seed),
+    )
+    return float(found.confidence_interval.low), float(found.confidence_interval.high)
+
+
+def _ratio_of_means(a: np.ndarray, b: np.ndarray, axis: int = -1) -> Any:
+    return np.mean(a, axis=axis) / np.mean(b, axis=axis)
 
 
 def ratio_interval(
     numerator: Sequence[float], denominator: Sequence[float], *, seed: int = 0
 ) -> tuple[float, tuple[float, float] | None] | None:
-    """``mean(numerator) / mean(denominator)`` and its 95% bootstrap interval (independent resamples)."""
+    """``mean(numerator) / mean(denominator)`` and its 95% percentile-bootstrap interval.
+
+    The two samples are resampled independently (they are different configurations' seeds). The
+    interval is None with fewer than 2 values on a side, or when a denominator value is 0 or the
+    values change sign (a resample could then divide by zero).
+    """
     if not numerator or not denominator or float(np.mean(denominator)) == 0.0:
         return None
     a, b = np.asarray(numerator, dtype=np.float64), np.asarray(denominator, dtype=np.float64)
     ratio = float(a.mean() / b.mean())
-    if len(a) < 2 or len(b) < 2:
+    if len(a) < 2 or len(b) < 2 or not (np.all(b > 0) or np.all(b < 0)):
         return ratio, None
-    rng = np.random.default_rng(seed)
-    ra = a[rng.integers(0, len(a), size=(BOOTSTRAP_RESAMPLES, len(a)))].mean(axis=1)
-    rb = b[rng.integers(0, len(b), size=(BOOTSTRAP_RESAMPLES, len(b)))].mean(axis=1)
-    ok = rb != 0
-    low, high = np.percentile(ra[ok] / rb[ok], [2.5, 97.5])
-    return ratio, (float(low), float(high))
+    found = stats.bootstrap(
+        (a, b),
+        _ratio_of_means,
+        n_resamples=BOOTSTRAP_RESAMPLES,
+        confidence_level=0.95,
+        method="percentile",
+        paired=False,
+        rng=np.random.default_rng(seed),
+    )
+    return ratio, (float(found.confidence_interval.low), float(found.confidence_interval.high))
 
 
 def describe(values: Iterable[float | None], *, seed: int = 0) -> dict[str, Any]:

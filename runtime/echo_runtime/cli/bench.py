@@ -12,6 +12,16 @@ from pathlib import Path
 import click
 
 
+def _need_scipy() -> None:
+    """The benchmarks' statistics are scipy's, an optional dependency (the ``bench`` extra)."""
+    try:
+        import scipy.stats  # noqa: F401
+    except ImportError as exc:
+        raise click.ClickException(
+            "echorl bench needs scipy for its statistics: pip install 'echorl[bench]'"
+        ) from exc
+
+
 @click.group()
 def bench() -> None:
     """Benchmarks: backend fidelity, sync modes."""
@@ -78,6 +88,7 @@ def fidelity(
     out: Path | None,
 ) -> None:
     """Behaviour vs. recomputed log-probs per backend, and two-sample tests between backends."""
+    _need_scipy()
     from echo_runtime.bench import fidelity_run
 
     try:
@@ -180,6 +191,7 @@ def sync(
 
     Runs one `echorl run` at a time; writes results.json, results.md and PNG plots into --out.
     """
+    _need_scipy()
     from echo_runtime.bench import sync_run
 
     default_configs = sync_run.QUICK_CONFIGS if quick else sync_run.FULL_CONFIGS

@@ -49,3 +49,25 @@ def test_target_verdict() -> None:
         "met": False,
     }
     assert fidelity_run._target({})["met"] is None
+
+
+def test_one_sample_per_backend_is_refused_before_any_model_loads() -> None:
+    result = CliRunner().invoke(bench, ["fidelity", "--prompts", "1", "--n", "1", "--model", "/nonexistent"])
+    assert result.exit_code == 1
+    assert "prompts × n must be at least 2" in result.output and "got 1 × 1" in result.output
+
+
+def test_bench_without_scipy_says_which_extra_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_scipy(name: str, *args: object, **kwargs: object) -> object:
+        if name == "scipy" or name.startswith("scipy."):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(builtins, "__import__", no_scipy)
+    result = CliRunner().invoke(bench, ["fidelity", "--backends", "transformers"])
+    assert result.exit_code == 1
+    assert "pip install 'echorl[bench]'" in result.output

@@ -1,4 +1,4 @@
-"""``echorl bench sync``'s pure part: interval math against hand-computed values, per-run measures and
+"""``echorl bench sync``'s pure part: interval math against closed forms and hand-computed values, per-run measures and
 aggregation of synthetic runs, configuration parsing and the manifests the grid runs."""
 
 from __future__ import annotations
@@ -13,20 +13,21 @@ from echo_runtime import spec
 from echo_runtime.bench import sync, sync_run
 
 
-def test_t_quantiles_match_tables() -> None:
-    assert sync.t_quantile(1) == pytest.approx(12.706)
-    assert sync.t_quantile(2) == pytest.approx(4.303)
-    assert sync.t_quantile(30) == pytest.approx(2.042)
-    assert sync.t_quantile(60) == pytest.approx(2.000, abs=1e-3)  # tables: 2.000
-    assert sync.t_quantile(120) == pytest.approx(1.980, abs=1e-3)  # tables: 1.980
+def test_t_quantiles_match_closed_forms_and_tables() -> None:
+    # df = 1 is the Cauchy distribution: t = tan(π(0.975 − 1/2)); df = 2 has t = (2u − 1)/√(2u(1 − u)).
+    assert sync.t_quantile(1) == pytest.approx(math.tan(math.pi * 0.475), rel=1e-9)
+    assert sync.t_quantile(2) == pytest.approx(0.95 / math.sqrt(2 * 0.975 * 0.025), rel=1e-9)
+    assert sync.t_quantile(30) == pytest.approx(2.042, abs=1e-3)  # tables
+    assert sync.t_quantile(120) == pytest.approx(1.980, abs=1e-3)  # tables
     with pytest.raises(ValueError):
         sync.t_quantile(0)
 
 
 def test_t_interval_by_hand() -> None:
-    # mean 2, s = 1, n = 3: half-width 4.303 / sqrt(3) = 2.4843
+    # mean 2, s = 1, n = 3: half-width t₀.₉₇₅,₂ / √3 with t₀.₉₇₅,₂ = 0.95/√(2·0.975·0.025) = 4.3027
+    t2 = 0.95 / math.sqrt(2 * 0.975 * 0.025)
     low, high = sync.t_interval([1.0, 2.0, 3.0])  # type: ignore[misc]
-    assert (low, high) == pytest.approx((2 - 4.303 / math.sqrt(3), 2 + 4.303 / math.sqrt(3)))
+    assert (low, high) == pytest.approx((2 - t2 / math.sqrt(3), 2 + t2 / math.sqrt(3)))
     assert sync.t_interval([5.0]) is None
     assert sync.t_interval([4.0, 4.0]) == pytest.approx((4.0, 4.0))
 
@@ -35,15 +36,22 @@ def test_bootstrap_is_seeded_and_inside_the_range() -> None:
     values = [1.0, 2.0, 3.0, 10.0]
     a = sync.bootstrap_interval(values, seed=3)
     assert a == sync.bootstrap_interval(values, seed=3)
-    assert a is not None and 1.0 <= a[0] < a[1] <= 10.0
+    assert a is not None and 1.0 <= a[0] < 4.0 < a[1] <= 10.0  # around the mean 4
     assert sync.bootstrap_interval([1.0]) is None
+    assert sync.bootstrap_interval([2.0, 2.0]) == pytest.approx((2.0, 2.0))
 
 
 def test_ratio_of_means() -> None:
     found = sync.ratio_interval([10.0, 10.0], [5.0, 5.0])
     assert found is not None and found[0] == pytest.approx(2.0) and found[1] == pytest.approx((2.0, 2.0))
+    spread = sync.ratio_interval([8.0, 10.0, 12.0], [4.0, 5.0, 6.0], seed=1)
+    assert spread == sync.ratio_interval([8.0, 10.0, 12.0], [4.0, 5.0, 6.0], seed=1)
+    assert spread is not None and spread[1] is not None
+    # Extreme resamples: 8/6 and 12/4; the interval holds the ratio 2 and lies inside those.
+    assert 8 / 6 <= spread[1][0] < 2.0 < spread[1][1] <= 12 / 4
     assert sync.ratio_interval([], [1.0]) is None
     assert sync.ratio_interval([1.0], [0.0]) is None
+    assert sync.ratio_interval([1.0, 2.0], [0.0, 3.0]) == (pytest.approx(1.0), None)  # could divide by 0
 
 
 def _run(
@@ -92,8 +100,9 @@ def test_aggregate_speedups_and_censoring() -> None:
     colocated, async2 = results["configs"]["Colocated"], results["configs"]["Async:2"]
     assert colocated["reachedTarget"] == 2 and colocated["timeToTargetSeconds"]["n"] == 2
     assert colocated["timeToTargetSeconds"]["mean"] == pytest.approx(24.0)
+    t2 = 0.95 / math.sqrt(2 * 0.975 * 0.025)  # t₀.₉₇₅,₂
     assert async2["timeToTargetSeconds"]["ci95"] == pytest.approx(
-        (12 - 4.303 * 2 / math.sqrt(3), 12 + 4.303 * 2 / math.sqrt(3))
+        (12 - t2 * 2 / math.sqrt(3), 12 + t2 * 2 / math.sqrt(3))
     )
     assert async2["speedupVsColocated"]["timeToTarget"]["ratio"] == pytest.approx(24.0 / 12.0)
     assert colocated["speedupVsColocated"]["timeToTarget"]["ratio"] == pytest.approx(1.0)
