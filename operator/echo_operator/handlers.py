@@ -70,7 +70,28 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.peering.standalone = True  # one replica (strategy Recreate in manifests/)
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 60
-    _state["reconciler"] = reconcile.Reconciler(Kube.from_environment(), Settings.from_env())
+    kube = Kube.from_environment()
+    _state["reconciler"] = reconcile.Reconciler(kube, Settings.from_env())
+    if not _may_scan(kube):
+        # The namespaced install (manifests/namespaced/) grants no cluster-wide reads. kopf would retry
+        # listing namespaces and CRDs for ever, logging a 403 each time; it serves the namespaces given
+        # with --namespace and the resources found at start-up instead.
+        settings.scanning.disabled = True
+        log.info(
+            "no rights to list namespaces and CRDs: watching only the given namespaces; restart the "
+            "operator after installing newer Echo CRDs"
+        )
+
+
+def _may_scan(kube: Kube) -> bool:
+    """Whether kopf may watch namespaces and CRDs (the cluster-wide install grants both)."""
+    try:
+        return kube.may("watch", "", "namespaces") and kube.may(
+            "watch", "apiextensions.k8s.io", "customresourcedefinitions"
+        )
+    except KubeError as exc:
+        log.warning("could not ask the API server what this operator may do (%s); kopf scans as usual", exc)
+        return True
 
 
 @kopf.on.login()

@@ -138,6 +138,24 @@ class Kube:
             item.setdefault("kind", kind)
         return items
 
+    def may(self, verb: str, group: str, resource: str, namespace: str | None = None) -> bool:
+        """Whether this identity may ``verb`` ``resource`` (a SelfSubjectAccessReview; any user may ask)."""
+        attributes = {"verb": verb, "group": group, "resource": resource}
+        if namespace is not None:
+            attributes["namespace"] = namespace
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {"resourceAttributes": attributes},
+        }
+        body = self._call(
+            "POST",
+            "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+            f"review {verb} {resource}",
+            body=review,
+        )
+        return bool(body.get("status", {}).get("allowed", False))
+
     # -- writes --------------------------------------------------------------------------------
     def apply(
         self, obj: Object, dry_run: bool = False, force: bool = True, manager: str = names.MANAGER

@@ -3,7 +3,8 @@
 ``echorl_installed`` (session) applies a kustomize overlay of ``manifests/`` and ``manifests/dev/`` (its dev MinIO) that only swaps image
 names (the ones ``scripts/images.sh`` built, by content hash) and the pull policy (``Never``: there
 is no registry), then waits until the operator and the dev MinIO are rolled out. The operator runs
-in its own pod, as its own service account, with the RBAC of ``manifests/rbac.yaml``.
+in its own pod, as its own service account, with the RBAC of ``manifests/common/rbac.yaml``
+(the cluster-wide install).
 
 ``e2e`` (function) gives a test a fresh namespace with the dev MinIO's credentials in it and the
 helpers of :class:`e2e_kit.E2E`; the namespace is deleted afterwards (the real namespace controller
@@ -45,7 +46,7 @@ def overlay(images: dict[str, str], out: Path) -> Path:
         "ECHORL_IMAGE_TRAINER": images["trainer"],
         "ECHORL_IMAGE_PULL_POLICY": "Never",
     }
-    operator = yaml.safe_load((MANIFESTS / "operator.yaml").read_text())
+    operator = yaml.safe_load((MANIFESTS / "common" / "operator.yaml").read_text())
     names = [e["name"] for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]]
     ops = [
         {"op": "replace", "path": f"/spec/template/spec/containers/0/env/{names.index(k)}/value", "value": v}

@@ -1,9 +1,10 @@
 """Fixtures for the operator's integration tests against the real kube-apiserver (and MinIO).
 
-``echorl_system`` applies ``manifests/`` (kustomize: CRDs, namespace, RBAC, the operator Deployment,
-the dev MinIO — the last two are only stored: envtest runs no pods). ``operator_kubeconfig`` is a
+``echorl_system`` applies ``manifests/`` (kustomize: CRDs, namespace, RBAC, the operator Deployment —
+only stored: envtest runs no pods). ``operator_kubeconfig`` is a
 kubeconfig holding a real token of the ``echorl-operator`` service account (TokenRequest API), so the
-operator under test runs with exactly the RBAC that ``manifests/rbac.yaml`` grants.
+operator under test runs with exactly the RBAC that ``manifests/common/rbac.yaml`` and
+``manifests/cluster-wide.yaml`` grant.
 ``start_operator`` runs the operator for real in this process with :class:`kopf.testing.KopfRunner`;
 ``operator`` is one such run per module (a module that needs other settings defines its own),
 ``delete_jobs`` removes a test's EchoJobs afterwards and ``bucket`` is a test's own snapshot bucket.
@@ -11,15 +12,15 @@ operator under test runs with exactly the RBAC that ``manifests/rbac.yaml`` gran
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import pathlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
 import yaml
 from kopf.testing import KopfRunner
+from operator_kit import service_account_kubeconfig
 
 from services.kube import KubeApiServer
 from services.minio import MinioServer
@@ -44,36 +45,24 @@ def operator_kubeconfig(
     kube_apiserver: KubeApiServer, echorl_system: None, tmp_path_factory: pytest.TempPathFactory
 ) -> pathlib.Path:
     """A kubeconfig that authenticates as the operator's service account."""
-    proc = kube_apiserver.kubectl(
-        "create", "token", "echorl-operator", "-n", "echorl-system", "--duration=2h"
-    )
-    assert proc.returncode == 0, proc.stderr
-    token = proc.stdout.strip()
-    ca = base64.b64encode(kube_apiserver.pki.ca_cert.read_bytes()).decode()
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {"name": "test", "cluster": {"server": kube_apiserver.url, "certificate-authority-data": ca}}
-        ],
-        "users": [{"name": "echorl-operator", "user": {"token": token}}],
-        "contexts": [{"name": "operator", "context": {"cluster": "test", "user": "echorl-operator"}}],
-        "current-context": "operator",
-    }
     path = tmp_path_factory.mktemp("operator") / "operator.kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    path.chmod(0o600)
-    return path
+    return service_account_kubeconfig(kube_apiserver, "echorl-system", "echorl-operator", path)
 
 
 @pytest.fixture(scope="session")
 def start_operator(operator_kubeconfig: pathlib.Path) -> StartOperator:
-    """``with start_operator(ECHORL_X=...) as runner:`` — the operator running as its service account."""
+    """``with start_operator(ECHORL_X=...) as runner:`` — the operator running as its service account.
+
+    ``namespaces=[...]`` runs it as the namespaced install does (kopf's ``--namespace``, once each)
+    instead of ``--all-namespaces``; ``kubeconfig=`` runs it as another identity.
+    """
 
     @contextlib.contextmanager
-    def run(**env: str) -> Iterator[KopfRunner]:
+    def run(
+        *, namespaces: Sequence[str] = (), kubeconfig: pathlib.Path | None = None, **env: str
+    ) -> Iterator[KopfRunner]:
         settings = {
-            "KUBECONFIG": str(operator_kubeconfig),
+            "KUBECONFIG": str(kubeconfig or operator_kubeconfig),
             "ECHORL_STATUS_INTERVAL": "0.5",
             "ECHORL_RESYNC_INTERVAL": "3",
             "ECHORL_COORDINATOR_URL": "http://127.0.0.1:9/{job}",  # nothing listens: coordinator not up
@@ -81,7 +70,8 @@ def start_operator(operator_kubeconfig: pathlib.Path) -> StartOperator:
             "ECHORL_RESTART_COOLDOWN": "60",
             **env,
         }
-        args = ["run", "--standalone", "--all-namespaces", "-m", "echo_operator.handlers"]
+        scope = [f"--namespace={ns}" for ns in namespaces] or ["--all-namespaces"]
+        args = ["run", "--standalone", *scope, "-m", "echo_operator.handlers"]
         with KopfRunner(args, env=settings, timeout=30) as runner:
             yield runner
         assert runner.exception is None, runner.output[-4000:]

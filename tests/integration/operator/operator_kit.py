@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import base64
 import json
+import pathlib
 import subprocess
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
+
+import yaml
 
 from services.kube import KubeApiServer
 
@@ -71,3 +74,24 @@ def events(kube: KubeApiServer, namespace: str, name: str) -> list[dict[str, Any
 
 def reasons(kube: KubeApiServer, namespace: str, name: str) -> set[str]:
     return {e["reason"] for e in events(kube, namespace, name)}
+
+
+def service_account_kubeconfig(
+    kube: KubeApiServer, namespace: str, account: str, path: pathlib.Path
+) -> pathlib.Path:
+    """A kubeconfig at ``path`` holding a real token of ``namespace/account`` (TokenRequest API)."""
+    proc = kube.kubectl("create", "token", account, "-n", namespace, "--duration=2h")
+    assert proc.returncode == 0, proc.stderr
+    token = proc.stdout.strip()
+    ca = base64.b64encode(kube.pki.ca_cert.read_bytes()).decode()
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "test", "cluster": {"server": kube.url, "certificate-authority-data": ca}}],
+        "users": [{"name": account, "user": {"token": token}}],
+        "contexts": [{"name": "operator", "context": {"cluster": "test", "user": account}}],
+        "current-context": "operator",
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path

@@ -25,6 +25,8 @@ def test_the_kustomize_base_installs_everything(kube_apiserver: KubeApiServer, e
         ("clusterrole", "echorl-operator"),
         ("clusterrole", "echorl-edit"),
         ("clusterrolebinding", "echorl-operator"),
+        ("clusterrole", "echorl-operator-discovery"),
+        ("clusterrolebinding", "echorl-operator-discovery"),
         ("crd", "echojobs.echorl.dev"),
         ("crd", "inferenceswarms.echorl.dev"),
     ]:

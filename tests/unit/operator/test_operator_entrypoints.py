@@ -96,7 +96,7 @@ def test_python_m_echo_operator_is_kopf_run_for_the_handlers() -> None:
 def test_the_operator_deployment_runs_valid_kopf_options() -> None:
     from kopf import cli as kopf_cli
 
-    docs = list(yaml.safe_load_all((REPO / "manifests" / "operator.yaml").read_text()))
+    docs = list(yaml.safe_load_all((REPO / "manifests" / "common" / "operator.yaml").read_text()))
     (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     argv = entry.kopf_argv(container["args"])
@@ -136,3 +136,42 @@ def test_every_image_has_an_entry_point_that_exists() -> None:
 def test_echorl_operator_crds_check_passes_on_the_committed_crds() -> None:
     result = CliRunner().invoke(operator_group, ["crds", "--out", str(REPO / "crds"), "--check"])
     assert result.exit_code == 0, result.output
+
+
+class _Reviews:
+    """Answers SelfSubjectAccessReviews from a set of allowed (verb, group, resource)."""
+
+    def __init__(self, allowed: set[tuple[str, str, str]], fail: bool = False) -> None:
+        self.allowed, self.fail, self.asked = allowed, fail, []  # type: ignore[var-annotated]
+
+    def may(self, verb: str, group: str, resource: str, namespace: str | None = None) -> bool:
+        from echo_operator.kube import KubeError
+
+        self.asked.append((verb, group, resource))
+        if self.fail:
+            raise KubeError(0, "connection refused", "review")
+        return (verb, group, resource) in self.allowed
+
+
+@pytest.mark.parametrize(
+    ("allowed", "fail", "scans"),
+    [
+        (
+            {("watch", "", "namespaces"), ("watch", "apiextensions.k8s.io", "customresourcedefinitions")},
+            False,
+            True,
+        ),
+        ({("watch", "", "namespaces")}, False, False),
+        ({("watch", "apiextensions.k8s.io", "customresourcedefinitions")}, False, False),
+        (set(), False, False),
+        (set(), True, True),  # cannot ask: kopf's default, scanning on
+    ],
+)
+def test_kopf_scans_namespaces_and_crds_only_where_it_may(
+    allowed: set[tuple[str, str, str]], fail: bool, scans: bool
+) -> None:
+    from echo_operator import handlers
+
+    reviews = _Reviews(allowed, fail)
+    assert handlers._may_scan(reviews) is scans  # type: ignore[arg-type]
+    assert reviews.asked[0] == ("watch", "", "namespaces")
