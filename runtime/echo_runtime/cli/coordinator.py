@@ -94,6 +94,26 @@ from echo_runtime import spec
     is_flag=True,
     help="Start at t_train 0 without reading the snapshot store (tests, benchmarks).",
 )
+@click.option(
+    "--tls-cert",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    envvar="ECHORL_TLS_CERT",
+    help="PEM certificate (chain) to serve TLS with; needs --tls-key.",
+)
+@click.option(
+    "--tls-key",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    envvar="ECHORL_TLS_KEY",
+    help="PEM private key of --tls-cert.",
+)
+@click.option(
+    "--tls-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Serve TLS on this port and keep --port plain HTTP (default: TLS on --port itself).",
+)
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
 def coordinator(
     job_path: str,
@@ -111,6 +131,9 @@ def coordinator(
     pacing: bool,
     metrics_auth: bool,
     no_store: bool,
+    tls_cert: str | None,
+    tls_key: str | None,
+    tls_port: int | None,
     log_level: str,
 ) -> None:
     """Run the coordinator of one EchoJob: leases, replay buffer, both sync protocols and the Δmax bound.
@@ -120,6 +143,16 @@ def coordinator(
     """
     from echo_runtime.coordinator import api, auth, service
 
+    if (tls_cert is None) != (tls_key is None):
+        raise click.UsageError("--tls-cert and --tls-key go together")
+    if tls_port is not None and tls_cert is None:
+        raise click.UsageError("--tls-port needs --tls-cert and --tls-key")
+    if tls_port is not None and tls_port == port:
+        raise click.UsageError(
+            f"--tls-port {tls_port} is --port: leave --tls-port out to serve TLS on --port"
+        )
+    if tls_cert is not None:
+        _check_tls_pair(tls_cert, tls_key or "")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         job = spec.load_job(job_path, name)
@@ -144,5 +177,24 @@ def coordinator(
     except (spec.ManifestError, auth.TokenError, service.SetupError) as exc:
         raise click.ClickException(str(exc)) from exc
     service.serve(
-        api.create_app(svc), host, port, log_level=log_level, keep_alive=max(75.0, 3 * heartbeat_interval)
+        api.create_app(svc),
+        host,
+        port,
+        log_level=log_level,
+        keep_alive=max(75.0, 3 * heartbeat_interval),
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        tls_port=tls_port,
     )
+
+
+def _check_tls_pair(cert: str, key: str) -> None:
+    """Load the pair now, so a wrong file is an error that names it rather than a failed start-up."""
+    import ssl
+
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+    except (ssl.SSLError, OSError) as exc:
+        raise click.BadParameter(
+            f"{cert} / {key}: not a PEM certificate and its private key ({exc})", param_hint="--tls-cert"
+        ) from exc

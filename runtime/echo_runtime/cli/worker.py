@@ -18,6 +18,19 @@ from echo_runtime import spec
 @click.option("--coordinator", "url", required=True, envvar="ECHORL_COORDINATOR", help="Coordinator URL.")
 @click.option("--token", required=True, envvar="ECHORL_TOKEN", help="The pool's join token.")
 @click.option(
+    "--ca-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    envvar="ECHORL_CA_FILE",
+    help="PEM CA that an https:// coordinator's certificate must chain to (the join Secret's ca.crt).",
+)
+@click.option(
+    "--tls-fingerprint",
+    default=None,
+    envvar="ECHORL_TLS_FINGERPRINT",
+    help="sha256:<hex> of the https:// coordinator's own certificate (pinned; no hostname check).",
+)
+@click.option(
     "--backend",
     type=click.Choice(["transformers", "mlx", "vllm"]),
     default="transformers",
@@ -53,6 +66,8 @@ from echo_runtime import spec
 def worker(
     url: str,
     token: str,
+    ca_file: str | None,
+    tls_fingerprint: str | None,
     backend: str,
     pool: str,
     job_file: str,
@@ -78,11 +93,16 @@ def worker(
     logging.getLogger("httpx").setLevel(logging.DEBUG if verbose else logging.WARNING)  # one line per request
     from echo_runtime import backends, snapshots
     from echo_runtime.coordinator import client as coord
+    from echo_runtime.coordinator import tls
     from echo_runtime.models import load as model_load
     from echo_runtime.models import resolve as model_resolve
     from echo_runtime.models.prompts import PromptStyle
     from echo_runtime.worker.loop import Worker
 
+    try:
+        verify = tls.client_context(url, ca_file=ca_file, pinned=tls_fingerprint)  # before the model loads
+    except tls.TLSError as exc:
+        raise click.ClickException(str(exc)) from exc
     try:
         job = spec.load_job(job_file)
     except spec.ManifestError as exc:
@@ -110,6 +130,7 @@ def worker(
         capacity=capacity,
         external=external,
         host=socket.gethostname()[:253],
+        verify=verify,
     )
     loop = Worker(
         engine,
@@ -128,6 +149,8 @@ def worker(
     signal.signal(signal.SIGINT, on_signal)
     try:
         loop.run(max_groups=max_groups)
+    except coord.Untrusted as exc:
+        raise click.ClickException(exc.message) from exc
     except coord.Unauthorized as exc:
         raise click.ClickException(f"the coordinator rejected the token: {exc.message}") from exc
     except coord.Unavailable as exc:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import random
+import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -32,7 +33,7 @@ import httpx
 import pydantic
 
 from echo_runtime import staleness
-from echo_runtime.coordinator import wire
+from echo_runtime.coordinator import tls, wire
 
 M = TypeVar("M", bound=pydantic.BaseModel)
 SESSION_HEADER = "X-Echo-Session"
@@ -71,6 +72,10 @@ class Invalid(CoordinatorError):
 
 class Unavailable(CoordinatorError):
     """The coordinator could not be reached (or kept failing) within the retry policy."""
+
+
+class Untrusted(CoordinatorError):
+    """The coordinator's TLS certificate failed verification (wrong CA, name or pin): never retried."""
 
 
 class StalenessViolation(AssertionError):
@@ -127,6 +132,7 @@ class Transport:
         transport: httpx.BaseTransport | None = None,
         sleep: Callable[[float], None] = time.sleep,
         seed: int | None = None,
+        verify: ssl.SSLContext | bool = True,
     ) -> None:
         self.url = url.rstrip("/")
         self.retry = retry or RetryPolicy()
@@ -138,6 +144,7 @@ class Transport:
             headers={"Authorization": f"Bearer {token}"},
             timeout=timeout,
             transport=transport,
+            verify=verify,
         )
 
     def close(self) -> None:
@@ -166,6 +173,15 @@ class Transport:
                     method, path, content=content, headers=send_headers, timeout=timeout or self.timeout
                 )
             except httpx.TransportError as exc:
+                refused = tls.verify_failure(exc)
+                if refused is not None:
+                    raise Untrusted(
+                        0,
+                        "untrusted",
+                        "url",
+                        f"{self.url}: its TLS certificate was refused ({refused.verify_message or refused}); "
+                        "check --ca-file / --tls-fingerprint and that the URL names the coordinator",
+                    ) from exc
                 last = f"{type(exc).__name__}: {exc}"
             else:
                 if response.status_code < 400:
@@ -216,8 +232,9 @@ class WorkerClient:
         timeout: float = 10.0,
         retry: RetryPolicy | None = None,
         transport: httpx.BaseTransport | None = None,
+        verify: ssl.SSLContext | bool = True,
     ) -> None:
-        self._t = Transport(url, token, timeout=timeout, retry=retry, transport=transport)
+        self._t = Transport(url, token, timeout=timeout, retry=retry, transport=transport, verify=verify)
         self._registration = wire.RegisterRequest(
             pool=pool,
             backend=backend,
@@ -380,8 +397,9 @@ class TrainerClient:
         timeout: float = 10.0,
         retry: RetryPolicy | None = None,
         transport: httpx.BaseTransport | None = None,
+        verify: ssl.SSLContext | bool = True,
     ) -> None:
-        self._t = Transport(url, token, timeout=timeout, retry=retry, transport=transport)
+        self._t = Transport(url, token, timeout=timeout, retry=retry, transport=transport, verify=verify)
 
     def __enter__(self) -> TrainerClient:
         return self

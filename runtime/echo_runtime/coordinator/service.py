@@ -12,12 +12,14 @@ or a consumed batch's effect, all of which live in the store and the trainer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import importlib
 import logging
+import signal
 import time
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Iterator, Sequence
+from typing import Any, Literal, Protocol
 
 import uvicorn
 
@@ -233,17 +235,70 @@ def tune_gc() -> None:
     gc.set_threshold(20_000, 50, 50)
 
 
-def serve(app: Any, host: str, port: int, *, log_level: str = "info", keep_alive: float = 75.0) -> None:
-    """Serve the ASGI ``app`` until SIGINT/SIGTERM (tuning the GC first: :func:`tune_gc`)."""
+class _Server(uvicorn.Server):
+    """A uvicorn server that leaves signals to :func:`serve` (which runs one or two of them)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def serve(
+    app: Any,
+    host: str,
+    port: int,
+    *,
+    log_level: str = "info",
+    keep_alive: float = 75.0,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    tls_port: int | None = None,
+) -> None:
+    """Serve the ASGI ``app`` until SIGINT/SIGTERM (tuning the GC first: :func:`tune_gc`).
+
+    With ``tls_cert``/``tls_key`` the coordinator speaks TLS: on ``port`` alone, or, given
+    ``tls_port``, on that port while ``port`` stays plain HTTP (in-cluster pods use the plain port
+    behind a ClusterIP; workers outside the cluster join on the TLS one).
+    """
     tune_gc()
-    config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        log_level=log_level,
-        access_log=False,
-        timeout_keep_alive=int(keep_alive),
-        lifespan="on",
-        http=http_protocol(),
-    )
-    uvicorn.Server(config).run()
+
+    def config(listen: int, lifespan: Literal["on", "off"], **ssl: Any) -> uvicorn.Config:
+        return uvicorn.Config(
+            app,
+            host=host,
+            port=listen,
+            log_level=log_level,
+            access_log=False,
+            timeout_keep_alive=int(keep_alive),
+            lifespan=lifespan,
+            http=http_protocol(),
+            **ssl,
+        )
+
+    if tls_cert is None:
+        uvicorn.Server(config(port, "on")).run()
+        return
+    ssl = {"ssl_certfile": tls_cert, "ssl_keyfile": tls_key}
+    if tls_port is None:
+        uvicorn.Server(config(port, "on", **ssl)).run()
+        return
+    asyncio.run(_serve_all([_Server(config(port, "on")), _Server(config(tls_port, "off", **ssl))]))
+
+
+async def _serve_all(servers: list[uvicorn.Server]) -> None:
+    """Run the servers side by side (the first one runs the app's lifespan) until a signal or one ends."""
+    loop = asyncio.get_running_loop()
+
+    def stop_all() -> None:
+        for server in servers:
+            server.should_exit = True
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop_all)
+    first = asyncio.create_task(servers[0].serve())
+    while not servers[0].started and not first.done():  # the app starts before the second port opens
+        await asyncio.sleep(0.05)
+    tasks = [first, *(asyncio.create_task(s.serve()) for s in servers[1:])]
+    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    stop_all()
+    await asyncio.gather(*tasks)
