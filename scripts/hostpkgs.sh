@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the e2e tier needs (a real node and a real image builder), if missing:
+# Installs the Debian packages the tests need (a real node, a real image builder, certificates), if missing:
 #   containerd, runc                    the container runtime the kubelet drives (crun fails on cgroup v1 hybrid)
 #   containernetworking-plugins         CNI plugins in /usr/lib/cni (ptp, host-local, loopback)
 #   iptables, conntrack                 kube-proxy's Service rules
 #   podman, buildah                     the image builder (images/*.Dockerfile)
 #   debootstrap                         the base image, made from Debian packages (no registry)
+#   openssl                             the TLS tests make their CA and certificates with it
 # Needs root. Idempotent: with everything installed it only checks (well under a second).
 set -euo pipefail
-PACKAGES=(containerd runc containernetworking-plugins iptables conntrack podman buildah debootstrap)
+PACKAGES=(containerd runc containernetworking-plugins iptables conntrack podman buildah debootstrap openssl)
 missing=()
 for pkg in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ]; then
-  echo "scripts/hostpkgs.sh: the e2e tier needs these Debian packages, and root to install them: ${missing[*]}" >&2
+  echo "scripts/hostpkgs.sh: the tests need these Debian packages, and root to install them: ${missing[*]}" >&2
   exit 1
 fi
 echo "[hostpkgs] installing ${missing[*]}" >&2
