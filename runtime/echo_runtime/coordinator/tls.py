@@ -21,6 +21,7 @@ import hashlib
 import re
 import socket
 import ssl
+import time
 import urllib.parse
 from pathlib import Path
 
@@ -58,11 +59,17 @@ def _endpoint(url: str) -> tuple[str, int]:
 
 
 def client_context(
-    url: str, *, ca_file: str | None = None, pinned: str | None = None, timeout: float = 10.0
+    url: str,
+    *,
+    ca_file: str | None = None,
+    pinned: str | None = None,
+    timeout: float = 10.0,
+    wait: float = 60.0,
 ) -> ssl.SSLContext | bool:
     """What httpx's ``verify`` gets for ``url``: ``True`` (system CAs) or a context for the CA/pin.
 
-    A pin is checked here, once, against the certificate the coordinator presents now.
+    A pin is checked here, once, against the certificate the coordinator presents now; a coordinator
+    that does not accept connections yet is waited for up to ``wait`` seconds.
     """
     scheme = urllib.parse.urlsplit(url).scheme
     if scheme not in ("http", "https"):
@@ -77,7 +84,7 @@ def client_context(
     if ca_file is not None:
         return _ca_context(ca_file)
     if pinned is not None:
-        return _pinned_context(url, parse_fingerprint(pinned), timeout)
+        return _pinned_context(url, parse_fingerprint(pinned), timeout, wait)
     return True
 
 
@@ -94,19 +101,28 @@ def _ca_context(ca_file: str) -> ssl.SSLContext:
         raise TLSError(f"--ca-file {ca_file}: cannot be read as a CA certificate ({exc})") from exc
 
 
-def _pinned_context(url: str, pinned: str, timeout: float) -> ssl.SSLContext:
+def _pinned_context(url: str, pinned: str, timeout: float, wait: float) -> ssl.SSLContext:
     host, port = _endpoint(url)
     probe = ssl.create_default_context()
     probe.check_hostname = False
     probe.verify_mode = ssl.CERT_NONE  # only to read the certificate; it is compared before any use
-    try:
-        with (
-            socket.create_connection((host, port), timeout=timeout) as sock,
-            probe.wrap_socket(sock, server_hostname=host) as tls,
-        ):
-            der = tls.getpeercert(binary_form=True)
-    except (OSError, ssl.SSLError) as exc:
-        raise TLSError(f"coordinator {url}: could not read its certificate ({exc})") from exc
+    deadline = time.monotonic() + wait
+    while True:  # a coordinator not up yet is waited for, as the client's retries would
+        try:
+            with (
+                socket.create_connection((host, port), timeout=timeout) as sock,
+                probe.wrap_socket(sock, server_hostname=host) as tls,
+            ):
+                der = tls.getpeercert(binary_form=True)
+            break
+        except (ConnectionError, TimeoutError) as exc:
+            if time.monotonic() >= deadline:
+                raise TLSError(
+                    f"coordinator {url}: could not read its certificate in {wait:.0f} s ({exc})"
+                ) from exc
+            time.sleep(1.0)
+        except (OSError, ssl.SSLError) as exc:
+            raise TLSError(f"coordinator {url}: could not read its certificate ({exc})") from exc
     if der is None:
         raise TLSError(f"coordinator {url} presented no certificate")
     found = fingerprint(der)

@@ -8,11 +8,13 @@ pods do) and a real ``echorl worker`` joins on the TLS port, as one outside the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import ssl
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -271,3 +273,32 @@ def test_a_real_worker_joins_over_tls_and_the_job_trains(coordinator: Coordinato
     finally:
         worker.stop(grace=10.0)
         trainer.stop(grace=10.0)
+
+
+def test_a_pin_waits_for_a_coordinator_that_is_not_up_yet(pki: Pki) -> None:
+    """A worker pod may start before its coordinator: the pin check waits, as the client's retries do."""
+    import socket
+    import threading
+
+    (port,) = procs.free_ports(1)
+    served = threading.Event()
+
+    def serve_later() -> None:
+        time.sleep(1.5)  # the first connection attempts are refused
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(pki.cert, pki.key)
+        with socket.create_server(("127.0.0.1", port)) as listener:
+            conn, _ = listener.accept()
+            served.set()  # before the handshake, which the client's answer depends on
+            with contextlib.suppress(OSError), context.wrap_socket(conn, server_side=True):
+                pass
+
+    thread = threading.Thread(target=serve_later, daemon=True)
+    thread.start()
+    pin = tls.fingerprint(ssl.PEM_cert_to_DER_cert(pki.cert.read_text()))
+    context = tls.client_context(f"https://127.0.0.1:{port}", pinned=pin, wait=30.0)
+    assert isinstance(context, ssl.SSLContext) and served.is_set()
+    thread.join(timeout=10)
+    (closed,) = procs.free_ports(1)
+    with pytest.raises(tls.TLSError, match="could not read its certificate in 1 s"):
+        tls.client_context(f"https://127.0.0.1:{closed}", pinned=pin, wait=1.0)
