@@ -1,5 +1,6 @@
 # The Echo operator: kopf, the Kubernetes client, MinIO's SDK and Echo's spec models. No torch: the
-# operator imports only echo_runtime.spec, .coordinator (client, wire, staleness) and .snapshots.
+# operator imports only echo_runtime.spec, .coordinator (client, wire, staleness, tls) and .snapshots;
+# cryptography issues the coordinators' TLS certificates.
 #
 # Build arguments (images/README.md): BASE, any image with Python 3.11 and its venv module;
 # PIP_INDEX_URL, the Python package index pip installs from.
@@ -14,6 +15,7 @@ ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_
 RUN python3 -m venv /opt/echorl \
  && pip install --index-url "$PIP_INDEX_URL" "pydantic==2.14.3" "pyyaml>=6.0" "click>=8.1" "kopf==1.45.2" \
       "kubernetes==36.0.3" "python-dateutil>=2.8,<3" "minio==7.2.20" "httpx==0.28.1" "numpy>=1.26,<3" \
+      "cryptography==50.0.2" \
       "setuptools>=69" wheel
 WORKDIR /src
 COPY pyproject.toml README.md ./

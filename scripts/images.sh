@@ -133,11 +133,20 @@ if [ ! -f "$wheels/.complete" ]; then
   log "downloading the wheelhouse into $wheels (first time: a few GB from PyPI)"
   start=$SECONDS
   rm -rf "$wheels" && mkdir -p "$wheels"
+  # A dependency change re-keys the wheelhouse: start from the last complete one (hard links), so
+  # pip fetches only the wheels that are new ("already downloaded" for the rest), not a few GB.
+  previous=$(ls -td "$CACHE"/wheels/*/.complete 2>/dev/null | head -1 || true)
+  if [ -n "$previous" ]; then cp -al "$(dirname "$previous")"/*.whl "$wheels"/ 2>/dev/null || true; fi
   requirements >"$wheels/requirements.txt"
   # Debian's python3 has no pip; a small venv of its own has (the images' Python is the same 3.11).
   [ -x "$CACHE/pip/bin/pip" ] || python3 -m venv "$CACHE/pip"
-  "$CACHE/pip/bin/pip" download -q --disable-pip-version-check --only-binary=:all: \
-    -d "$wheels" -r "$wheels/requirements.txt" >&2
+  "$CACHE/pip/bin/pip" download --progress-bar off --disable-pip-version-check --only-binary=:all: \
+    -d "$wheels" -r "$wheels/requirements.txt" >"$TMPDIR/pip-download.log" 2>&1 \
+    || { tail -20 "$TMPDIR/pip-download.log" >&2; exit 1; }
+  # ...and keep only what pip chose this time (a seeded wheel of an old version goes).
+  sed -n -e 's|^ *Saved ||p' -e 's|^ *File was already downloaded ||p' "$TMPDIR/pip-download.log" \
+    | xargs -r -n1 basename | sort -u >"$wheels/.chosen"
+  for whl in "$wheels"/*.whl; do grep -qxF "$(basename "$whl")" "$wheels/.chosen" || rm -f "$whl"; done
   touch "$wheels/.complete"
   log "wheelhouse ready in $((SECONDS - start)) s ($(du -sh "$wheels" | cut -f1))"
 fi

@@ -6,7 +6,7 @@ patched: :func:`trainer_action` creates it when missing and replaces it, every r
 changed (its spec hash); a Job being deleted is left to finish (Foreground: until its pods are gone),
 so two trainers never run at once. Children the job no longer needs are deleted (:func:`prune`), except
 the join Secrets (their tokens must outlive a pool being renamed back), the read-only storage Secret,
-and a finished job's trainer Job (its record and its pods' logs). An apply the API server refuses as
+the coordinator's TLS Secret (its CA, likewise), and a finished job's trainer Job (its record and its pods' logs). An apply the API server refuses as
 invalid or conflicting (409, 422) is an ``ApplyFailed`` problem; other API failures are raised.
 
 Suspending scales every pool to zero; a pool whose ``replicas`` is unset (scaled by ``kubectl scale``
@@ -53,8 +53,11 @@ def trainer_action(
 
 
 def keep(job: children.JobInput, wanted: Sequence[Object]) -> set[Key]:
-    """The children that stay: the wanted ones, every join Secret, the read-only Secret, a finished trainer."""
+    """The children that stay: the wanted ones, every join Secret, the read-only Secret, the
+    coordinator's TLS Secret, a finished trainer."""
     out = {children.key(o) for o in wanted}
+    # Its CA is what external workers were told to trust: it outlives a pool turned internal and back.
+    out.add(("Secret", names.coordinator_tls(job.name)))
     out |= {("Secret", names.role_secret(job.name, role)) for role in children.roles(job)}
     out.add(("Secret", names.readonly_secret(job.name)))
     if job.finished:  # the finished trainer Job stays, for its record and its pods' logs

@@ -7,7 +7,8 @@ the digests of its join tokens) into the list of Kubernetes objects the operator
   scaling a pool or moving it to other nodes does not restart the coordinator and the trainer);
 * ``<job>-tokens`` Secret: the coordinator's tokens file, SHA-256 digests only (docs/contracts.md);
 * ``<job>-coordinator`` Deployment (a singleton, ``Recreate``) and Service, plus
-  ``<job>-coordinator-external`` when a pool has external workers;
+  ``<job>-coordinator-external`` when a pool has external workers (TLS only, port 8443, with the
+  certificate of :attr:`JobInput.tls`; the coordinator then serves both ports);
 * ``<job>-<pool>`` Deployment per in-cluster inference pool, with that pool's image, node selector,
   tolerations, affinity and resources (``nvidia.com/gpu`` added for GPU pools);
 * ``<job>-trainer`` Job and headless Service: the trainer as a gang, an indexed Job with one pod per
@@ -47,6 +48,7 @@ Object = dict[str, Any]
 
 CONFIG_DIR = "/etc/echorl/job"
 TOKENS_DIR = "/etc/echorl/tokens"
+TLS_DIR = "/etc/echorl/tls"
 JOB_FILE = f"{CONFIG_DIR}/job.yaml"
 TOKENS_FILE = f"{TOKENS_DIR}/tokens.yaml"
 GPU = "nvidia.com/gpu"
@@ -79,6 +81,18 @@ class StoreWiring:
 
 
 @dataclasses.dataclass(frozen=True)
+class TLSWiring:
+    """The certificate the coordinator serves external workers with (:mod:`echo_operator.coordinator_tls`)."""
+
+    secret: str
+    """The ``kubernetes.io/tls`` Secret the coordinator's pod mounts (``tls.crt``, ``tls.key``)."""
+    fingerprint: str
+    """``sha256:<hex>`` of that certificate: in the pod's spec hash, so a new one restarts it."""
+    ca: str | None = None
+    """The CA's PEM certificate, when known (always, for one the operator issued)."""
+
+
+@dataclasses.dataclass(frozen=True)
 class JobInput:
     """Everything the children depend on: nothing here is read from the cluster by this module."""
 
@@ -94,6 +108,8 @@ class JobInput:
     store: StoreWiring = StoreWiring(secret=None)
     finished: bool = False
     """The job Succeeded or Failed: nothing runs any more (its processes are scaled to zero)."""
+    tls: TLSWiring | None = None
+    """Set when external workers join: the coordinator also serves TLS, on its external Service."""
 
     @classmethod
     def from_resolved(
@@ -428,13 +444,15 @@ def join_secret(
     owner: Object,
     role: str,
     token: str,
-    coordinator_url: str | None = None,
+    external: Mapping[str, str | None] | None = None,
 ) -> Object:
-    """A join token Secret (``<job>-<role>-join``, key ``token``; ``coordinator`` when known), or the
-    status token's (``<job>-status-token``)."""
+    """A join token Secret (``<job>-<role>-join``, key ``token``; for an external pool also
+    ``coordinator``, ``fingerprint`` and ``ca.crt`` when known), or the status token's
+    (``<job>-status-token``)."""
     data = {"token": _b64(token)}
-    if coordinator_url:
-        data["coordinator"] = _b64(coordinator_url)
+    for key, value in (external or {}).items():
+        if value is not None:
+            data[key] = _b64(value)
     labels = names.labels(job_name, "join-token", None if role in ("trainer", names.STATUS_ROLE) else role)
     return {
         "apiVersion": "v1",
@@ -500,8 +518,25 @@ def coordinator_deployment(job: JobInput, settings: Settings) -> Object:
         {"name": "tokens", "secret": {"secretName": names.tokens_secret(job.name)}},
         *scratch,
     ]
+    if job.tls is not None:
+        # TLS beside the plain port: pods in the cluster keep http, the external Service has only https.
+        container["command"] += [
+            "--tls-cert", f"{TLS_DIR}/tls.crt", "--tls-key", f"{TLS_DIR}/tls.key",
+            "--tls-port", str(names.COORDINATOR_TLS_PORT),
+        ]  # fmt: skip
+        container["ports"].append(
+            {"name": "https", "containerPort": names.COORDINATOR_TLS_PORT, "protocol": "TCP"}
+        )
+        container["volumeMounts"].append({"name": "tls", "mountPath": TLS_DIR, "readOnly": True})
+        # Only the certificate and its key: the CA's key in the operator's Secret stays out of the pod.
+        items = [{"key": k, "path": k} for k in ("tls.crt", "tls.key")]
+        volumes.append({"name": "tls", "secret": {"secretName": job.tls.secret, "items": items}})
     pod_labels = names.labels(job.name, "coordinator")
-    hash_ = digest(yaml.safe_dump(process_manifest(job)), tokens_file(job))
+    hash_ = digest(
+        yaml.safe_dump(process_manifest(job)),
+        tokens_file(job),
+        *([job.tls.secret, job.tls.fingerprint] if job.tls is not None else []),
+    )
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -554,6 +589,7 @@ def coordinator_external_service(job: JobInput, settings: Settings) -> Object | 
     """The Service external workers reach the coordinator through (None if not wanted)."""
     if not job.has_external_pools or settings.external_service_type == "None":
         return None
+    port = names.COORDINATOR_TLS_PORT if job.tls is not None else names.COORDINATOR_PORT
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -561,8 +597,11 @@ def coordinator_external_service(job: JobInput, settings: Settings) -> Object | 
         "spec": {
             "type": settings.external_service_type,
             "selector": names.selector(job.name, "coordinator"),
+            # Outside the cluster nothing else protects the tokens and rollouts: TLS only there.
             "ports": [
-                {"name": "http", "port": names.COORDINATOR_PORT, "targetPort": "http", "protocol": "TCP"}
+                {"name": "https", "port": port, "targetPort": "https", "protocol": "TCP"}
+                if job.tls is not None
+                else {"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}
             ],
         },
     }

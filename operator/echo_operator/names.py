@@ -27,6 +27,9 @@ SPEC_HASH = f"{GROUP}/spec-hash"
 """Pod-template annotation: a hash of what the pods run, so any change to it rolls them."""
 EXTERNAL_URL = f"{GROUP}/external-url"
 """EchoJob annotation a user may set: the coordinator URL external workers use (e.g. an Ingress)."""
+TLS_SECRET = f"{GROUP}/coordinator-tls-secret"
+"""EchoJob annotation a user may set: a ``kubernetes.io/tls`` Secret (cert-manager's) the coordinator
+serves external workers with, instead of the certificate the operator issues."""
 READONLY_ACCOUNT = f"{GROUP}/readonly-access-key"
 """EchoJob annotation the operator sets when it created a read-only MinIO service account."""
 RESUME_REPLICAS = f"{GROUP}/replicas-before-suspend"
@@ -38,6 +41,8 @@ RESUME_MANAGER = f"{MANAGER}-resume"
 Component = Literal["coordinator", "inference", "trainer", "config", "join-token", "storage"]
 
 COORDINATOR_PORT = 8700  # the coordinator's own default (`echorl coordinator --port`)
+COORDINATOR_TLS_PORT = 8443
+"""The coordinator's TLS port (``--tls-port``): the only port of its external Service."""
 RENDEZVOUS_PORT = 29500
 JOB_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 """The label the Job controller puts on each pod of an indexed Job: the trainer's node rank."""
@@ -51,6 +56,11 @@ def coordinator(job: str) -> str:
 def coordinator_external(job: str) -> str:
     """The Service that exposes the coordinator to workers outside the cluster."""
     return f"{job}-coordinator-external"
+
+
+def coordinator_tls(job: str) -> str:
+    """The Secret with the CA and certificate the coordinator serves external workers with."""
+    return f"{job}-coordinator-tls"
 
 
 def pool(job: str, pool_name: str) -> str:

@@ -2,7 +2,8 @@
 
 :meth:`Reconciler.reconcile` resolves the job's references (:mod:`echo_operator.references`), wires
 storage (:mod:`echo_operator.credentials`: bucket, prefix marker, read-only credentials), makes sure
-every join token exists (:mod:`echo_operator.tokens`), applies the children that
+every join token exists (:mod:`echo_operator.tokens`) and, with external pools, the coordinator's TLS
+certificate (:mod:`echo_operator.coordinator_tls`), applies the children that
 :func:`echo_operator.children.desired` computes and deletes those the job no longer needs
 (:mod:`echo_operator.apply`), and writes ``status``. :meth:`Reconciler.observe` is the status pass the
 operator runs on a timer (:mod:`echo_operator.status_pass`). Both are idempotent and safe to run at
@@ -26,6 +27,7 @@ from echo_operator import (
     apply,
     children,
     context,
+    coordinator_tls,
     credentials,
     events,
     lifecycle,
@@ -101,15 +103,20 @@ class Reconciler:
             job = children.JobInput.from_resolved(resolved, uid, {}, children.StoreWiring(secret=None))
             return dataclasses.replace(job, finished=True)
         store, issue = credentials.wire_storage(ctx, body, model, mem, existing)
-        url = tokens.external_url(
-            meta.get("annotations") or {}, existing.get(("Service", names.coordinator_external(name)))
-        )
+        annotations = meta.get("annotations") or {}
+        external_service = existing.get(("Service", names.coordinator_external(name)))
         roles, external_roles = tokens.roles(resolved)
-        found = tokens.ensure(ctx, body, roles, external_roles, url, existing)
+        tls = None
+        if external_roles and ctx.settings.external_service_type != "None":
+            hosts = coordinator_tls.hosts(name, namespace, annotations, external_service)
+            tls = coordinator_tls.ensure(ctx, body, hosts, existing)
+        fields = tokens.external_fields(annotations, external_service, tls)
+        found = tokens.ensure(ctx, body, roles, external_roles, fields, existing)
         mem.status_token = found[names.STATUS_ROLE]
         job = dataclasses.replace(
             children.JobInput.from_resolved(resolved, uid, tokens.digests(found), store),
             finished=outcome is not None,
+            tls=tls,
         )
         apply.apply_children(ctx, body, job, existing)
         # Issuing a MinIO service account takes most of a second: do it once the children exist

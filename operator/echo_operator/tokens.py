@@ -5,7 +5,10 @@ tokens file holds only SHA-256 digests (:func:`digests`), and a re-created Secre
 every worker holding the old token. A Secret of that name that this job does not own is a
 ``NameConflict`` the user must resolve. The join Secrets of external pools also carry the address
 external workers reach the coordinator at (:func:`external_url`): the EchoJob's
-``echorl.dev/external-url`` annotation if set, else the external Service's load-balancer address.
+``echorl.dev/external-url`` annotation if set, else the external Service's load-balancer address on
+the coordinator's TLS port. Through that Service they also carry the certificate to expect
+(:func:`external_fields`: ``fingerprint`` and ``ca.crt``, :mod:`echo_operator.coordinator_tls`); an
+annotated address (an Ingress) presents a certificate of its own, so there they are left out.
 """
 
 from __future__ import annotations
@@ -23,8 +26,11 @@ from echo_runtime import spec
 Object = dict[str, Any]
 
 
-def external_url(annotations: Mapping[str, str], service: Mapping[str, Any] | None) -> str | None:
-    """Where external workers reach the coordinator (None while no address is known)."""
+def external_url(
+    annotations: Mapping[str, str], service: Mapping[str, Any] | None, tls: bool = False
+) -> str | None:
+    """Where external workers reach the coordinator (None while no address is known): the annotation,
+    else ``https://<load balancer>:8443`` (``http://…:8700`` for a coordinator without TLS)."""
     annotated = annotations.get(names.EXTERNAL_URL)
     if annotated:
         return str(annotated)
@@ -32,8 +38,31 @@ def external_url(annotations: Mapping[str, str], service: Mapping[str, Any] | No
     if ingress:
         host = ingress[0].get("hostname") or ingress[0].get("ip")
         if host:
+            if ":" in host:  # an IPv6 address
+                host = f"[{host}]"
+            if tls:
+                return f"https://{host}:{names.COORDINATOR_TLS_PORT}"
             return f"http://{host}:{names.COORDINATOR_PORT}"
     return None
+
+
+def external_fields(
+    annotations: Mapping[str, str], service: Mapping[str, Any] | None, tls: children.TLSWiring | None
+) -> dict[str, str | None] | None:
+    """The keys an external pool's join Secret carries beside its token (None: no address yet).
+
+    A value of None means the key must be absent: an annotated address is not the coordinator's own
+    certificate, so a pin left from before would refuse it.
+    """
+    url = external_url(annotations, service, tls is not None)
+    if url is None:
+        return None
+    own = tls is not None and not annotations.get(names.EXTERNAL_URL)
+    return {
+        "coordinator": url,
+        "fingerprint": tls.fingerprint if own and tls else None,
+        "ca.crt": tls.ca if own and tls else None,
+    }
 
 
 def roles(resolved: spec.ResolvedJob) -> tuple[list[str], set[str]]:
@@ -47,12 +76,16 @@ def digests(tokens: Mapping[str, str]) -> dict[str, str]:
     return {role: hashlib.sha256(token.encode()).hexdigest() for role, token in tokens.items()}
 
 
-def address_patch(data: Mapping[str, str], url: str | None) -> Object | None:
-    """The patch that puts ``url`` into a join Secret holding ``data`` (None: nothing to change)."""
-    if url is None:
+def address_patch(data: Mapping[str, str], fields: Mapping[str, str | None] | None) -> Object | None:
+    """The merge patch that gives a join Secret holding ``data`` the ``fields`` (None: nothing to change)."""
+    if fields is None:
         return None
-    encoded = base64.b64encode(url.encode()).decode()
-    return None if data.get("coordinator") == encoded else {"data": {"coordinator": encoded}}
+    changes: dict[str, str | None] = {}
+    for key, value in fields.items():
+        encoded = None if value is None else base64.b64encode(value.encode()).decode()
+        if data.get(key) != encoded:
+            changes[key] = encoded
+    return {"data": changes} if changes else None
 
 
 def ensure(
@@ -60,20 +93,23 @@ def ensure(
     body: Mapping[str, Any],
     roles_: Sequence[str],
     external: set[str],
-    url: str | None,
+    fields: Mapping[str, str | None] | None,
     existing: Mapping[tuple[str, str], Object],
 ) -> dict[str, str]:
-    """Role → token, creating the Secrets that are missing and giving external ones the address."""
+    """Role → token, creating the Secrets that are missing and giving external ones the address
+    (and the certificate to expect: :func:`external_fields`)."""
     meta = body["metadata"]
     namespace, name = meta["namespace"], meta["name"]
     owner = context.owner(body)
     tokens: dict[str, str] = {}
     for role in roles_:
         secret_name = names.role_secret(name, role)
-        role_url = url if role in external else None
+        role_fields = fields if role in external else None
         current = existing.get(("Secret", secret_name))
         if current is None:
-            wanted = children.join_secret(name, namespace, owner, role, secrets.token_urlsafe(32), role_url)
+            wanted = children.join_secret(
+                name, namespace, owner, role, secrets.token_urlsafe(32), role_fields
+            )
             try:
                 current = ctx.kube.create(wanted)
             except KubeError as exc:
@@ -88,14 +124,17 @@ def ensure(
                         "job or the pool, or delete that Secret",
                     ) from None
         data = current.get("data") or {}
-        patch = address_patch(data, role_url)
-        if patch is not None:
+        patch = address_patch(data, role_fields)
+        if patch is not None and role_fields is not None:
             ctx.kube.merge_patch("v1", "Secret", namespace, secret_name, patch)
+            pinned = role_fields.get("fingerprint")
             ctx.events.post(
                 body,
                 "Normal",
                 "ExternalAddressAssigned",
-                f"external workers of pool {role} join through {role_url} (Secret {secret_name})",
+                f"external workers of pool {role} join through {role_fields['coordinator']}"
+                + (f", certificate {pinned}" if pinned else "")
+                + f" (Secret {secret_name})",
             )
         tokens[role] = base64.b64decode(data["token"]).decode()
     return tokens

@@ -4,7 +4,8 @@
 * ``echorl operator crds --out crds/ [--check]`` — write (or check) the CRDs generated from the spec models;
 * ``echorl operator join JOB --pool POOL [-n NAMESPACE]`` — on a machine outside the cluster (a Mac),
   read the pool's join Secret with your kubeconfig and start ``echorl worker`` against the job's
-  coordinator. ``--print`` shows the command (token included) instead of running it.
+  coordinator, verifying its TLS certificate with the fingerprint (or CA) the Secret carries.
+  ``--print`` shows the command (token included) instead of running it.
 """
 
 from __future__ import annotations
@@ -51,12 +52,59 @@ def crds_cmd(out: str, check: bool) -> None:
     raise SystemExit(crds.main(["--out", out, *(["--check"] if check else [])]))
 
 
-def worker_command(url: str, job_file: str, pool: str, backend: str, device: str) -> list[str]:
+def worker_command(
+    url: str,
+    job_file: str,
+    pool: str,
+    backend: str,
+    device: str,
+    fingerprint: str | None = None,
+    ca_file: str | None = None,
+) -> list[str]:
     """The ``echorl worker`` command line an external worker runs (its token comes from ``ECHORL_TOKEN``)."""
-    return [
+    argv = [
         "echorl", "worker", "--job", job_file, "--coordinator", url, "--pool", pool,
         "--backend", backend, "--device", device, "--external",
     ]  # fmt: skip
+    if fingerprint:
+        argv += ["--tls-fingerprint", fingerprint]
+    if ca_file:
+        argv += ["--ca-file", ca_file]
+    return argv
+
+
+def verification(
+    url: str, secret: dict[str, str], verify: str | None, ca_file: str | None
+) -> tuple[str, str | None, str | None]:
+    """(how, the fingerprint to pin, the CA text to trust) for joining ``url`` with the join ``secret``.
+
+    By default the coordinator's own certificate is pinned when the Secret names one (``fingerprint``):
+    that holds on any address of it, also one its certificate does not name. ``ca`` checks the chain
+    to the job's CA (``ca.crt``) and the host name instead; ``system`` uses the machine's CAs (an
+    Ingress with a public certificate). ``--ca-file`` is ``ca`` with a CA of your own.
+    """
+    if ca_file:
+        if verify not in (None, "ca"):
+            raise click.UsageError(f"--ca-file goes with --verify ca, not --verify {verify}")
+        return "ca", None, None
+    how = verify or ("pin" if secret.get("fingerprint") else "system")
+    if how != "system" and not url.startswith("https://"):
+        raise click.UsageError(
+            f"--verify {how} needs an https:// coordinator, and {url} is not: the job's coordinator serves "
+            "TLS on its external Service; an address of your own (--coordinator) must be that port"
+        )
+    if how == "pin":
+        if not secret.get("fingerprint"):
+            raise click.UsageError(
+                "--verify pin: the join Secret has no 'fingerprint' (the address is not the "
+                "coordinator's own TLS port); use --verify ca --ca-file or --verify system"
+            )
+        return how, secret["fingerprint"], None
+    if how == "ca":
+        if not secret.get("ca.crt"):
+            raise click.UsageError("--verify ca: the join Secret has no 'ca.crt'; pass --ca-file")
+        return how, None, secret["ca.crt"]
+    return how, None, None
 
 
 def _read(api: Any, kind: str, namespace: str, name: str) -> dict[str, str] | None:
@@ -91,6 +139,19 @@ def _read(api: Any, kind: str, namespace: str, name: str) -> dict[str, str] | No
     "--coordinator", "url", default=None, help="Coordinator URL, if the Secret has none (an Ingress)."
 )
 @click.option("--store-endpoint", default=None, help="S3 endpoint reachable from here, if not the job's own.")
+@click.option(
+    "--verify",
+    type=click.Choice(["pin", "ca", "system"]),
+    default=None,
+    help="How to trust the coordinator's TLS certificate: pin its fingerprint (default when the Secret has "
+    "one), the job's CA with a host-name check, or the system's CAs.",
+)
+@click.option(
+    "--ca-file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="A CA of your own the coordinator's certificate must chain to (implies --verify ca).",
+)
 @click.option("--print", "print_only", is_flag=True, help="Print the command instead of running it.")
 def join(
     job: str,
@@ -101,13 +162,16 @@ def join(
     device: str,
     url: str | None,
     store_endpoint: str | None,
+    verify: str | None,
+    ca_file: str | None,
     print_only: bool,
 ) -> None:
     """Join JOB's external POOL from this machine: `echorl operator join my-job --pool macs -n ml`.
 
-    Reads the pool's join Secret (token, coordinator address), the job's manifest (ConfigMap
-    JOB-config) and, if you may read it, the job's read-only store credentials, then runs
-    `echorl worker --external` with them.
+    Reads the pool's join Secret (token, coordinator address, the fingerprint and CA of the
+    coordinator's certificate), the job's manifest (ConfigMap JOB-config) and, if you may read it, the
+    job's read-only store credentials, then runs `echorl worker --external` with them. The worker
+    refuses a coordinator whose certificate is not the expected one before it sends the token.
     """
     import yaml
     from kubernetes import config
@@ -134,6 +198,7 @@ def join(
             "wait for its LoadBalancer, or pass --coordinator http://HOST:PORT (e.g. an Ingress) and set the "
             "EchoJob annotation echorl.dev/external-url to it"
         )
+    how, pin, ca_text = verification(url, secret, verify, ca_file)
     document = yaml.safe_load(manifest["job.yaml"])
     if store_endpoint:
         document["spec"]["storage"]["endpoint"] = store_endpoint
@@ -144,10 +209,18 @@ def join(
     store = _read(api, "Secret", ns, f"{job}-storage-readonly")
     if store is not None:
         env.update(ECHORL_S3_ACCESS_KEY=store["accessKey"], ECHORL_S3_SECRET_KEY=store["secretKey"])
-    argv = worker_command(url, str(job_file), pool, backend, device)
+    if ca_text is not None:
+        ca_path = job_file.with_name(f"{ns}-{job}-ca.crt")
+        ca_path.write_text(ca_text)
+        ca_file = str(ca_path)
+    argv = worker_command(url, str(job_file), pool, backend, device, fingerprint=pin, ca_file=ca_file)
     if print_only:
         click.echo(" ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " " + shlex.join(argv))
         return
     os.environ.update(env)
-    click.echo(f"joining {ns}/{job} pool {pool} through {url}", err=True)
+    trust = {"pin": f"pinned certificate {pin}", "ca": f"CA {ca_file}", "system": "the system's CAs"}[how]
+    click.echo(
+        f"joining {ns}/{job} pool {pool} through {url} ({trust if url.startswith('https') else 'no TLS'})",
+        err=True,
+    )
     os.execvp(argv[0], argv)

@@ -64,6 +64,7 @@ EXPECTED = {
     ("Secret", "hetero-macs-join"),
     ("Secret", "hetero-shared-join"),
     ("Secret", "hetero-storage-readonly"),
+    ("Secret", "hetero-coordinator-tls"),
     ("Service", "hetero-coordinator"),
     ("Service", "hetero-coordinator-external"),
     ("Service", "hetero-trainer"),
@@ -207,6 +208,185 @@ def test_heterogeneous_job_gets_its_children_storage_and_status(
     assert "echorl worker --job" in joined.output and "--coordinator http://203.0.113.7:8700" in joined.output
     assert "--pool macs --backend" in joined.output and "--external" in joined.output
     assert "ECHORL_S3_ACCESS_KEY=echorl" in joined.output  # the read-only key, not the job's
+
+
+MACS_JOB = """
+apiVersion: echorl.dev/v1alpha1
+kind: EchoJob
+metadata: {{name: remote}}
+spec:
+  model: {{path: echorl:tiny}}
+  storage: {storage}
+  inferenceSwarms: [{{name: macs, backend: mlx, external: true}}]
+"""
+
+
+def test_external_workers_get_an_https_address_and_the_coordinators_own_certificate(
+    operator: KopfRunner,
+    kube_apiserver: KubeApiServer,
+    kube_namespace: str,
+    storage_secret: str,
+    storage_yaml: Callable[..., str],
+    bucket: str,
+) -> None:
+    from cryptography import x509
+
+    from echo_operator import coordinator_tls
+
+    ns = kube_namespace
+    apply(kube_apiserver, ns, MACS_JOB.format(storage=storage_yaml(bucket)))
+    found = wait_children(
+        kube_apiserver,
+        ns,
+        "remote",
+        {
+            ("Secret", "remote-coordinator-tls"),
+            ("Service", "remote-coordinator-external"),
+            ("Deployment", "remote-coordinator"),
+        },
+    )
+    tls = found[("Secret", "remote-coordinator-tls")]
+    assert tls["type"] == "kubernetes.io/tls"
+    service = found[("Service", "remote-coordinator-external")]
+    assert [(p["name"], p["port"]) for p in service["spec"]["ports"]] == [("https", 8443)]
+    argv = found[("Deployment", "remote-coordinator")]["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert argv[argv.index("--tls-port") + 1] == "8443"
+    # No address yet (no load balancer here): the join Secret has only its token.
+    assert set(get(kube_apiserver, ns, "secret", "remote-macs-join")["data"]) == {"token"}
+    ca_before = secret_value(tls, "ca.crt")
+
+    # A cloud's load-balancer controller writes the Service's address into its status; so does this test.
+    kubectl_ok(
+        kube_apiserver, "patch", "-n", ns, "service/remote-coordinator-external", "--subresource=status",
+        "--type=merge", "-p", '{"status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.9"}]}}}',
+    )  # fmt: skip
+
+    def pinned() -> dict[str, Any]:
+        secret = get(kube_apiserver, ns, "secret", "remote-macs-join")
+        assert secret_value(secret, "coordinator") == "https://203.0.113.9:8443"
+        served = get(kube_apiserver, ns, "secret", "remote-coordinator-tls")
+        cert = x509.load_pem_x509_certificate(secret_value(served, "tls.crt").encode())
+        assert "203.0.113.9" in coordinator_tls.certificate_hosts(cert)  # re-issued for the new address
+        assert secret_value(secret, "fingerprint") == coordinator_tls.fingerprint(
+            secret_value(served, "tls.crt")
+        )
+        return secret
+
+    joinable = eventually(pinned, timeout=30)
+    served = get(kube_apiserver, ns, "secret", "remote-coordinator-tls")
+    assert secret_value(joinable, "ca.crt") == secret_value(served, "ca.crt") == ca_before  # the CA stays
+    # The coordinator restarts with the new certificate: its pod template carries the fingerprint.
+    hashes = {
+        get(kube_apiserver, ns, "deployment", "remote-coordinator")["spec"]["template"]["metadata"][
+            "annotations"
+        ][names.SPEC_HASH]
+    }
+    assert "CertificateIssued" in reasons(kube_apiserver, ns, "remote")
+
+    joined = CliRunner().invoke(
+        operator_group,
+        [
+            "join",
+            "remote",
+            "--pool",
+            "macs",
+            "-n",
+            ns,
+            "--kubeconfig",
+            str(kube_apiserver.kubeconfig),
+            "--print",
+        ],
+    )
+    assert joined.exit_code == 0, joined.output
+    assert "--coordinator https://203.0.113.9:8443" in joined.output
+    assert f"--tls-fingerprint {secret_value(joinable, 'fingerprint')}" in joined.output
+
+    # Resyncs issue nothing new: the Secret and the coordinator's pod template stay as they are.
+    version = served["metadata"]["resourceVersion"]
+    time.sleep(3.5)  # longer than ECHORL_RESYNC_INTERVAL
+    assert (
+        get(kube_apiserver, ns, "secret", "remote-coordinator-tls")["metadata"]["resourceVersion"] == version
+    )
+    hashes.add(
+        get(kube_apiserver, ns, "deployment", "remote-coordinator")["spec"]["template"]["metadata"][
+            "annotations"
+        ][names.SPEC_HASH]
+    )
+    assert len(hashes) == 1
+
+    # An Ingress of the user's (annotation) presents its own certificate: the pin goes.
+    kubectl_ok(
+        kube_apiserver,
+        "annotate",
+        "-n",
+        ns,
+        "echojob/remote",
+        f"{names.EXTERNAL_URL}=https://echo.example.com",
+    )
+
+    def unpinned() -> None:
+        data = get(kube_apiserver, ns, "secret", "remote-macs-join")["data"]
+        assert set(data) == {"token", "coordinator"}
+
+    eventually(unpinned, timeout=30)
+
+
+def test_a_tls_secret_of_the_users_is_served_instead_and_a_missing_one_is_reported(
+    operator: KopfRunner,
+    kube_apiserver: KubeApiServer,
+    kube_namespace: str,
+    storage_secret: str,
+    storage_yaml: Callable[..., str],
+    bucket: str,
+) -> None:
+    import datetime
+
+    from echo_operator import coordinator_tls
+
+    ns = kube_namespace
+    text = MACS_JOB.format(storage=storage_yaml(bucket)).replace(
+        "metadata: {name: remote}",
+        f"metadata: {{name: remote, annotations: {{{names.TLS_SECRET}: cm-cert}}}}",
+    )
+    apply(kube_apiserver, ns, text)
+
+    def missing() -> None:
+        job = get(kube_apiserver, ns, "echojob", "remote")
+        assert condition(job, "Degraded")["reason"] == "TLSSecretMissing", job.get("status")
+        assert "cm-cert" in condition(job, "Degraded")["message"]
+
+    eventually(missing, timeout=30)
+    # What cert-manager would write: a kubernetes.io/tls Secret with the CA beside it.
+    now = datetime.datetime.now(datetime.UTC)
+    ca, ca_key = coordinator_tls.issue_ca("mine", ns, now)
+    cert, key = coordinator_tls.issue_leaf(ca, ca_key, ("coordinator.example.org",), now)
+    kubectl_ok(
+        kube_apiserver, "create", "secret", "generic", "cm-cert", "-n", ns, "--type=kubernetes.io/tls",
+        f"--from-literal=tls.crt={cert}", f"--from-literal=tls.key={key}", f"--from-literal=ca.crt={ca}",
+    )  # fmt: skip
+
+    def served() -> None:
+        found = children_of(kube_apiserver, ns, "remote")
+        assert ("Secret", "remote-coordinator-tls") not in found  # nothing issued
+        pod = found[("Deployment", "remote-coordinator")]["spec"]["template"]["spec"]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == "tls"]
+        assert volume["secret"]["secretName"] == "cm-cert"
+        secret = get(kube_apiserver, ns, "secret", "remote-macs-join")
+        assert secret_value(secret, "coordinator") == "https://lb.example.net:8443"
+        assert secret_value(secret, "fingerprint") == coordinator_tls.fingerprint(cert)
+        assert secret_value(secret, "ca.crt") == ca
+
+    def service_up_then_served() -> None:
+        if kube_apiserver.kubectl("get", "-n", ns, "service/remote-coordinator-external").returncode == 0:
+            kubectl_ok(
+                kube_apiserver, "patch", "-n", ns, "service/remote-coordinator-external", "--subresource=status",
+                "--type=merge", "-p", '{"status": {"loadBalancer": {"ingress": [{"hostname": "lb.example.net"}]}}}',
+            )  # fmt: skip
+        served()
+
+    eventually(service_up_then_served, timeout=30, interval=1.0)
+    job = get(kube_apiserver, ns, "echojob", "remote")
+    assert condition(job, "Degraded")["status"] == "False"
 
 
 def _joinable(kube: KubeApiServer, ns: str) -> dict[str, Any]:

@@ -338,10 +338,13 @@ def test_tokens_file_holds_digests_never_tokens(make_job: Any) -> None:
 
 def test_join_secret_follows_the_contract() -> None:
     owner = {"uid": "u"}
-    secret = children.join_secret("demo", "ml", owner, "mac", "tok-123", "http://1.2.3.4:8700")
+    external = {"coordinator": "https://1.2.3.4:8443", "fingerprint": "sha256:" + "ab" * 32, "ca.crt": None}
+    secret = children.join_secret("demo", "ml", owner, "mac", "tok-123", external)
     assert secret["metadata"]["name"] == "demo-mac-join"
     assert base64.b64decode(secret["data"]["token"]).decode() == "tok-123"
-    assert base64.b64decode(secret["data"]["coordinator"]).decode() == "http://1.2.3.4:8700"
+    assert base64.b64decode(secret["data"]["coordinator"]).decode() == "https://1.2.3.4:8443"
+    assert base64.b64decode(secret["data"]["fingerprint"]).decode() == "sha256:" + "ab" * 32
+    assert "ca.crt" not in secret["data"]  # None: absent, not an empty key
     assert secret["metadata"]["labels"][names.POOL] == "mac"
     assert secret["metadata"]["ownerReferences"] == [owner]
     trainer = children.join_secret("demo", "ml", owner, "trainer", "t")
@@ -424,6 +427,47 @@ def test_external_service_only_when_wanted(make_job: Any) -> None:
     assert node_port is not None and node_port["spec"]["type"] == "NodePort"
     text = "apiVersion: echorl.dev/v1alpha1\nkind: EchoJob\nmetadata: {name: solo, namespace: ml}\n"
     assert children.coordinator_external_service(make_job(text), SETTINGS) is None
+
+
+def test_with_tls_the_coordinator_serves_both_ports_and_the_external_service_only_https(
+    make_job: Any,
+) -> None:
+    plain = make_job()
+    tls = children.TLSWiring("demo-coordinator-tls", "sha256:" + "ab" * 32, "CA")
+    job = dataclasses.replace(plain, tls=tls)
+    objs = by_key(children.desired(job, SETTINGS))
+    pod = objs[("Deployment", "demo-coordinator")]["spec"]["template"]
+    container = pod["spec"]["containers"][0]
+    argv = container["command"]
+    assert argv[argv.index("--tls-port") + 1] == "8443" and argv[argv.index("--port") + 1] == "8700"
+    cert, key = argv[argv.index("--tls-cert") + 1], argv[argv.index("--tls-key") + 1]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "tls")
+    assert (
+        mount["readOnly"]
+        and cert == f"{mount['mountPath']}/tls.crt"
+        and key == f"{mount['mountPath']}/tls.key"
+    )
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "tls")
+    # The pod gets the certificate and its key, never the CA's key.
+    assert volume["secret"] == {
+        "secretName": "demo-coordinator-tls",
+        "items": [{"key": "tls.crt", "path": "tls.crt"}, {"key": "tls.key", "path": "tls.key"}],
+    }
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"http": 8700, "https": 8443}
+    external = objs[("Service", "demo-coordinator-external")]["spec"]["ports"]
+    assert external == [{"name": "https", "port": 8443, "targetPort": "https", "protocol": "TCP"}]
+    inside = objs[("Service", "demo-coordinator")]["spec"]["ports"]
+    assert [p["name"] for p in inside] == ["http"]  # pods in the cluster keep the plain port
+    # A new certificate restarts the coordinator (it reads its certificate at start-up) ...
+    renewed = dataclasses.replace(job, tls=dataclasses.replace(tls, fingerprint="sha256:" + "cd" * 32))
+    hash_of = lambda j: by_key(children.desired(j, SETTINGS))[("Deployment", "demo-coordinator")]["spec"][  # noqa: E731
+        "template"
+    ]["metadata"]["annotations"][names.SPEC_HASH]
+    assert hash_of(renewed) != hash_of(job) != hash_of(plain)
+    # ... and nothing else: the pools and the trainer do not talk TLS.
+    for kind, name in (("Deployment", "demo-cpu"), ("Job", "demo-trainer")):
+        before = by_key(children.desired(plain, SETTINGS))[(kind, name)]
+        assert by_key(children.desired(renewed, SETTINGS))[(kind, name)] == before
 
 
 # ---------------------------------------------------------------------------------------------

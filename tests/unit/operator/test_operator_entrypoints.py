@@ -20,7 +20,7 @@ from echo_operator import children
 from echo_operator.config import Settings
 from echo_runtime.cli import main as echorl_main
 from echo_runtime.cli.operator_cmd import operator as operator_group
-from echo_runtime.cli.operator_cmd import worker_command
+from echo_runtime.cli.operator_cmd import verification, worker_command
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 IMAGES = REPO / "images"
@@ -81,6 +81,38 @@ def test_the_join_command_parses_against_the_worker_cli(tmp_path: pathlib.Path) 
     argv = worker_command("http://1.2.3.4:8700", str(job), "macs", "mlx", "mps")
     ctx = echorl_main.commands["worker"].make_context("echorl worker", [*argv[2:], "--token", "t"])
     assert ctx.params["external"] is True and ctx.params["pool"] == "macs"
+
+
+def test_the_join_command_passes_the_pin_or_the_ca_to_the_worker(tmp_path: pathlib.Path) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text("{}\n")
+    ca = tmp_path / "ca.crt"
+    ca.write_text("pem")
+    pin = "sha256:" + "ab" * 32
+    argv = worker_command(
+        "https://1.2.3.4:8443", str(job), "macs", "mlx", "mps", fingerprint=pin, ca_file=str(ca)
+    )
+    ctx = echorl_main.commands["worker"].make_context("echorl worker", [*argv[2:], "--token", "t"])
+    assert ctx.params["tls_fingerprint"] == pin and ctx.params["ca_file"] == str(ca)
+
+
+def test_join_pins_by_default_and_says_what_is_missing_for_the_other_ways() -> None:
+    pin = "sha256:" + "ab" * 32
+    secret = {"token": "t", "fingerprint": pin, "ca.crt": "PEM"}
+    url = "https://203.0.113.7:8443"
+    assert verification(url, secret, None, None) == ("pin", pin, None)
+    assert verification(url, secret, "ca", None) == ("ca", None, "PEM")
+    assert verification(url, secret, "system", None) == ("system", None, None)
+    assert verification(url, secret, None, "/my/ca.pem") == ("ca", None, None)  # the user's CA file
+    assert verification("https://echo.example.com", {"token": "t"}, None, None) == ("system", None, None)
+    with pytest.raises(click.UsageError, match="no 'fingerprint'"):
+        verification(url, {"token": "t"}, "pin", None)
+    with pytest.raises(click.UsageError, match=re.escape("no 'ca.crt'; pass --ca-file")):
+        verification(url, {"token": "t", "fingerprint": pin}, "ca", None)
+    with pytest.raises(click.UsageError, match="needs an https:// coordinator"):
+        verification("http://203.0.113.7:8700", secret, None, None)
+    with pytest.raises(click.UsageError, match="--ca-file goes with --verify ca"):
+        verification(url, secret, "pin", "/my/ca.pem")
 
 
 def test_python_m_echo_operator_is_kopf_run_for_the_handlers() -> None:
