@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from services import argocd
 from services.cluster import Cluster
 
 T = TypeVar("T")
@@ -50,9 +51,15 @@ class E2E:
     def json(self, *args: str) -> Any:
         return json.loads(self.kubectl(*args, "-o", "json"))
 
-    def apply(self, manifest: str | dict[str, Any]) -> None:
+    def apply(self, manifest: str | dict[str, Any], server_side: bool = False) -> None:
+        """``kubectl apply`` (``--server-side``, as Argo CD and Flux apply, when asked)."""
         text = manifest if isinstance(manifest, str) else yaml.safe_dump(manifest, sort_keys=False)
-        self.kubectl("apply", "-f", "-", input=textwrap.dedent(text))
+        extra = ["--server-side"] if server_side else []
+        self.kubectl("apply", *extra, "-f", "-", input=textwrap.dedent(text))
+
+    def health(self, name: str) -> tuple[str, str]:
+        """What Argo CD's health check (manifests/argocd/echojob-health.lua) says of EchoJob ``name``."""
+        return argocd.health(self.job(name))
 
     def job(self, name: str) -> dict[str, Any]:
         return dict(self.json("get", "echojob", name))
@@ -150,8 +157,8 @@ class E2E:
 
     # -- the snapshot store ------------------------------------------------------------------
     def store(self, prefix: str) -> dict[str, Any]:
-        """Every object under ``prefix`` in the dev MinIO's bucket (name → the JSON of manifests, else
-        None), read from inside the cluster's network namespace through MinIO's Service address."""
+        """Every object under ``prefix`` in the dev MinIO's bucket (name → the JSON of manifests and
+        trainer records, else None), read from inside the cluster's network namespace through MinIO's Service address."""
         address = self.kubectl(
             "-n", "echorl-system", "get", "svc", "minio", "-o", "jsonpath={.spec.clusterIP}", namespaced=False
         )  # fmt: skip
@@ -163,7 +170,7 @@ class E2E:
             out = {{}}
             for o in client.list_objects({BUCKET!r}, prefix={prefix!r}, recursive=True):
                 body = None
-                if o.object_name.endswith("/manifest.json"):
+                if o.object_name.endswith(("/manifest.json", "/trainer-record.json")):
                     body = json.loads(client.get_object({BUCKET!r}, o.object_name).read())
                 out[o.object_name] = body
             print(json.dumps(out))

@@ -64,29 +64,45 @@ def assert_released(e2e: E2E, name: str) -> None:
 
 def test_a_job_trains_to_succeeded_and_releases_everything(e2e: E2E) -> None:
     """kubectl apply → pods Running → version advancing → kubectl scale the pool → Succeeded."""
-    e2e.apply(
-        {
-            "apiVersion": "echorl.dev/v1alpha1",
-            "kind": "InferenceSwarm",
-            "metadata": {"name": "cpu-pool"},
-            "spec": {
-                "backend": "transformers",
-                "device": "cpu",
-                "replicas": 2,
-                "threads": 1,
-                "resources": RESOURCES,
-            },
-        }
-    )
+    swarm = {
+        "apiVersion": "echorl.dev/v1alpha1",
+        "kind": "InferenceSwarm",
+        "metadata": {"name": "cpu-pool"},
+        "spec": {
+            "backend": "transformers",
+            "device": "cpu",
+            "replicas": 2,
+            "threads": 1,
+            "resources": RESOURCES,
+        },
+    }
     # Long enough that the third worker's pod (image start, torch import) registers before the job ends:
     # on an idle machine the tiny model trains ~1 step/s.
-    e2e.apply(echojob("quick", max_steps=150, inferenceSwarms=[{"name": "cpu", "swarmRef": "cpu-pool"}]))
+    job = echojob("quick", max_steps=150, inferenceSwarms=[{"name": "cpu", "swarmRef": "cpu-pool"}])
+    manifest = yaml.safe_dump_all([swarm, job], sort_keys=False)
+    e2e.apply(manifest, server_side=True)  # as Argo CD and Flux apply
     e2e.until("the job's pods Running", lambda: len(running(e2e, "echorl.dev/job=quick")) >= 4)
     e2e.note(f"pods running: {[p['metadata']['name'] for p in running(e2e, 'echorl.dev/job=quick')]}")
     first = e2e.until("a first policy version", lambda: e2e.version("quick") or None)
     wide = e2e.kubectl("get", "echojob", "quick", "-o", "wide")
     e2e.note(f"kubectl get echojob -o wide:\n{wide}")
     assert "quick" in wide and "Async" in wide
+    # Argo CD's health check, on the object the operator really wrote.
+    e2e.until("Argo CD: Healthy while training", lambda: e2e.health("quick")[0] == "Healthy")
+
+    # GitOps: the same manifests again, server-side, change nothing: no diff, no field-manager
+    # conflict with the operator, no new generation of the job or of anything it made.
+    def generations() -> dict[str, Any]:
+        objs = e2e.json("get", "echojob,inferenceswarm,deploy,job", "-l", "echorl.dev/job=quick")["items"]
+        objs += [e2e.job("quick"), e2e.json("get", "inferenceswarm", "cpu-pool")]
+        return {f"{o['kind']}/{o['metadata']['name']}": o["metadata"].get("generation") for o in objs}
+
+    before = generations()
+    diff = e2e.cluster.kubectl("-n", e2e.namespace, "diff", "--server-side", "-f", "-", input=manifest)
+    assert diff.returncode == 0, f"a server-side diff of the same manifests:\n{diff.stdout}{diff.stderr}"
+    e2e.apply(manifest, server_side=True)
+    assert generations() == before
+    e2e.note(f"re-applied server-side: no diff, generations unchanged ({len(before)} objects)")
     # kubectl scale on the pool's scale subresource: the coordinator sees a third worker.
     e2e.kubectl("scale", "inferenceswarm/cpu-pool", "--replicas=3")
     e2e.until(
@@ -99,6 +115,7 @@ def test_a_job_trains_to_succeeded_and_releases_everything(e2e: E2E) -> None:
     e2e.note(f"policy version {first} → {later}; three workers")
     done = e2e.wait_condition("quick", "Succeeded")
     assert done["status"] == "True" and done["reason"] == "TrainingCompleted", done
+    assert e2e.health("quick")[0] == "Healthy", e2e.health("quick")
     status = e2e.job("quick")["status"]
     e2e.note(f"Succeeded: {done['message']}; completionTime {status.get('completionTime')}")
     assert status["completionTime"] and status["startTime"]
@@ -183,6 +200,7 @@ def test_suspend_releases_every_pod_and_resume_continues_from_the_checkpoint(e2e
     checkpoint = max(published(e2e.store("pause/"), "pause", "checkpoints"))
     e2e.note(f"suspended at version {at}, checkpoint {checkpoint}; no pods")
     assert e2e.condition("pause", "Ready")["reason"] == "Suspended"
+    assert e2e.health("pause")[0] == "Suspended", e2e.health("pause")
     e2e.kubectl("patch", "echojob", "pause", "--type=merge", "-p", '{"spec": {"suspend": false}}')
     e2e.until("training past the suspension", lambda: max(published(e2e.store("pause/"), "pause")) > at + 2)
     # The new trainer started from the store: at least the checkpoint it had, at most what was published.
@@ -208,6 +226,8 @@ def test_a_trainer_that_keeps_failing_fails_the_job_with_its_log(e2e: E2E) -> No
     status = e2e.job("broken")["status"]
     assert status["restarts"] == 2  # the first failure was retried, the second one exceeded the limit
     assert {c["type"]: c["status"] for c in status["conditions"]}["Degraded"] == "True"
+    health, message = e2e.health("broken")
+    assert health == "Degraded" and "BackoffLimitExceeded" in message, (health, message)
     e2e.until("every pod released", lambda: assert_released(e2e, "broken") is None)
     reasons = e2e.kubectl(
         "get", "events", "--field-selector=involvedObject.name=broken", "-o", "jsonpath={.items[*].reason}"

@@ -10,6 +10,7 @@ writes the Service's address (its cluster IP, which kube-proxy routes) into the 
 from __future__ import annotations
 
 import base64
+import json
 import os
 import signal
 import subprocess
@@ -17,7 +18,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from e2e_kit import E2E, published
 from test_e2e_echojob import echojob
 
@@ -79,7 +79,7 @@ def test_a_worker_outside_the_cluster_joins_over_tls_and_trains_the_job(e2e: E2E
     patch = {"status": {"loadBalancer": {"ingress": [{"ip": address}]}}}
     e2e.kubectl(
         "patch", "svc", "remote-coordinator-external", "--subresource=status", "--type=merge", "-p",
-        yaml.safe_dump(patch, default_flow_style=True),
+        json.dumps(patch),
     )  # fmt: skip
     url = f"https://{address}:8443"
     # The operator sees the address at its next pass (≤ its resync interval) and re-issues the
@@ -170,11 +170,20 @@ def test_a_worker_outside_the_cluster_joins_over_tls_and_trains_the_job(e2e: E2E
     text = (tmp_path / "worker.log").read_text()
     e2e.note("worker log tail:\n" + "\n".join(text.splitlines()[-5:]))
     assert f"through {url} (pinned certificate {join['fingerprint']})" in text, text[-3000:]
-    status = e2e.job("remote")["status"]
-    assert status["policyVersion"] == 8
-    (pool,) = [p for p in status["pools"] if p["name"] == "ext"]
-    e2e.note(f"pool status: {pool}")
-    assert max(published(e2e.store("remote/"), "remote")) == 8
+    assert e2e.job("remote")["status"]["policyVersion"] == 8
+    assert e2e.pods("echorl.dev/job=remote,echorl.dev/component=inference") == []  # no worker pod at all
+    store = e2e.store("remote/")
+    assert sorted(published(store, "remote")) == list(range(1, 9))
+    # Every step trained on groups of the one worker there was: the one outside.
+    records = {
+        int(name.split("/")[2]): body
+        for name, body in store.items()
+        if name.endswith("/trainer-record.json") and body is not None
+    }
+    assert sorted(records) == list(range(1, 9)), sorted(records)
+    workers = {w for r in records.values() for w in r["workers"]}
+    e2e.note(f"trainer records 1..8 all from {workers}")
+    assert len(workers) == 1 and all(sum(r["workers"].values()) > 0 for r in records.values())
 
 
 def _other_ca(not_this: str) -> str:

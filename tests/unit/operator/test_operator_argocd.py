@@ -16,26 +16,12 @@ from operator_scenarios import doc, observation, worker
 from echo_operator import conditions, pool_lag
 from echo_operator import status as status_mod
 from echo_runtime.spec import SyncPolicySpec
+from services.argocd import health
 
-lua51 = pytest.importorskip("lupa.lua51", reason="the Lua runtime comes with the `lupa` package")
+pytest.importorskip("lupa.lua51", reason="the Lua runtime comes with the `lupa` package")
 
 ARGOCD = pathlib.Path(__file__).resolve().parents[3] / "manifests" / "argocd"
 SCRIPT = (ARGOCD / "echojob-health.lua").read_text()
-
-
-def to_lua(runtime: Any, value: Any) -> Any:
-    if isinstance(value, dict):
-        return runtime.table_from({k: to_lua(runtime, v) for k, v in value.items()})
-    if isinstance(value, list):
-        return runtime.table_from([to_lua(runtime, v) for v in value])
-    return value
-
-
-def health(obj: dict[str, Any]) -> tuple[str, str]:
-    runtime = lua51.LuaRuntime(unpack_returned_tuples=True)
-    runtime.globals().obj = to_lua(runtime, obj)
-    result = runtime.execute(SCRIPT)
-    return str(result["status"]), str(result["message"])
 
 
 def echojob(
