@@ -7,6 +7,7 @@ checked as stored, and deletion is checked through owner references and the oper
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import io
 import time
@@ -15,11 +16,12 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from cryptography import x509
 from kopf.testing import KopfRunner
 from minio import Minio
 from operator_kit import apply, children_of, condition, eventually, get, kubectl_ok, reasons, secret_value
 
-from echo_operator import names
+from echo_operator import coordinator_tls, names
 from echo_runtime.cli.operator_cmd import operator as operator_group
 from services.kube import KubeApiServer
 from services.minio import MinioServer
@@ -229,10 +231,6 @@ def test_external_workers_get_an_https_address_and_the_coordinators_own_certific
     storage_yaml: Callable[..., str],
     bucket: str,
 ) -> None:
-    from cryptography import x509
-
-    from echo_operator import coordinator_tls
-
     ns = kube_namespace
     apply(kube_apiserver, ns, MACS_JOB.format(storage=storage_yaml(bucket)))
     found = wait_children(
@@ -339,10 +337,6 @@ def test_a_tls_secret_of_the_users_is_served_instead_and_a_missing_one_is_report
     storage_yaml: Callable[..., str],
     bucket: str,
 ) -> None:
-    import datetime
-
-    from echo_operator import coordinator_tls
-
     ns = kube_namespace
     text = MACS_JOB.format(storage=storage_yaml(bucket)).replace(
         "metadata: {name: remote}",
