@@ -159,6 +159,11 @@ rm -rf "$context" && mkdir -p "$context"
 cleanup() {
   if [ -n "${index_pid:-}" ]; then kill "$index_pid" 2>/dev/null || true; wait "$index_pid" 2>/dev/null || true; fi
   if [ -n "${netns:-}" ]; then ip netns delete "$netns" 2>/dev/null || true; fi
+  # The import's containerd (step 4): a run killed mid-import must not leave it holding the store.
+  if [ -n "${containerd_pid:-}" ]; then
+    kill "$containerd_pid" 2>/dev/null || true; wait "$containerd_pid" 2>/dev/null || true
+    rm -rf "/run/echorl-images-$$"
+  fi
   rm -rf "$context" "$TMPDIR/test-context.$$"
   # A build cut short leaves its working containers mounted in the store: remove them, and with
   # the last one podman unmounts the store (we hold the build lock: none is anyone else's).
@@ -261,13 +266,15 @@ if flock -n 8; then
   printf '%s\n' 'version = 2' "root = \"$store\"" "state = \"$run/state\"" \
     'disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs", "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]' \
     '[grpc]' "  address = \"$run/containerd.sock\"" >"$run/config.toml"
-  containerd --config "$run/config.toml" --log-level warn >"$TMPDIR/containerd-import.log" 2>&1 &
+  # Without the build lock's descriptor (7): a containerd that outlived this script would hold it.
+  containerd --config "$run/config.toml" --log-level warn >"$TMPDIR/containerd-import.log" 2>&1 7>&- &
   containerd_pid=$!
   for _ in $(seq 100); do ctr --address "$run/containerd.sock" version >/dev/null 2>&1 && break; sleep 0.2; done
   status=0
   "$REPO/scripts/images.sh" import "$run/containerd.sock" "$list" || status=$?
   kill "$containerd_pid" 2>/dev/null || true
   wait "$containerd_pid" 2>/dev/null || true
+  containerd_pid=""
   rm -rf "$run"
   [ "$status" = 0 ] || exit "$status"
   flock -u 8

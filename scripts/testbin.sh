@@ -9,6 +9,7 @@
 #   coredns         the cluster DNS (github.com/coredns/coredns)
 #   kwok            simulated nodes (sigs.k8s.io/kwok), with its Stage manifests in ../kwok-stages/
 #   crictl          the CRI client (sigs.k8s.io/cri-tools): the harness removes pod sandboxes with it
+#   metrics-server  the resource metrics API the HPA controller reads (sigs.k8s.io/metrics-server)
 # Idempotent: binaries are cached under $ECHORL_TESTBIN (default ~/.cache/echorl/testbin/<pins>/bin);
 # a warm cache returns in well under a second. Prints the bin directory on the last line of stdout.
 set -euo pipefail
@@ -20,6 +21,7 @@ MINIO_VERSION="${MINIO_VERSION:-v0.0.0-20260212201848-7aac2a2c5b7c}"  # MinIO pu
 COREDNS_VERSION="${COREDNS_VERSION:-v1.15.0}"
 KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
 CRICTL_VERSION="${CRICTL_VERSION:-v1.34.0}"
+METRICS_SERVER_VERSION="${METRICS_SERVER_VERSION:-v0.8.0}"     # not in the tag: its .ok file names it
 # ---------------------------------------------------------------------------------------------
 
 RECIPE=3  # bump when the build recipe below changes, so caches rebuild
@@ -38,6 +40,17 @@ export GOTOOLCHAIN=local
 
 have() { [ -x "$bin/$1" ] && [ -f "$bin/$1.ok" ]; }
 
+
+# metrics-server joined after the tag was fixed; naming it there would rebuild every binary the tag
+# covers (~25 min cold), so its stamp holds its version instead and only it rebuilds when that changes.
+metrics_server_current() { have metrics-server && [ "$(cat "$bin/metrics-server.ok")" = "$METRICS_SERVER_VERSION" ]; }
+
+build_metrics_server() {
+  metrics_server_current && return 0
+  rm -f "$bin/metrics-server.ok"
+  build_go_install metrics-server "sigs.k8s.io/metrics-server/cmd/metrics-server@${METRICS_SERVER_VERSION}"
+  echo "$METRICS_SERVER_VERSION" >"$bin/metrics-server.ok"
+}
 
 have_all() {
   local name
@@ -121,7 +134,7 @@ GO
 }
 
 # One build at a time per cache: a second caller (another test run, a helper) waits for the first.
-if ! have_all "${ALL[@]}" || [ ! -d "$root/kwok-stages" ]; then
+if ! have_all "${ALL[@]}" || [ ! -d "$root/kwok-stages" ] || ! metrics_server_current; then
   exec 9>"$root/.lock"
   if ! flock -n 9; then
     log "another build is running in $root; waiting for it"
@@ -133,6 +146,7 @@ if ! have_all "${ALL[@]}" || [ ! -d "$root/kwok-stages" ]; then
   build_go_install coredns "github.com/coredns/coredns@${COREDNS_VERSION}"
   build_kwok
   build_go_install crictl "sigs.k8s.io/cri-tools/cmd/crictl@${CRICTL_VERSION}"
+  build_metrics_server
 fi
 "$bin/kube-apiserver" --version >&2
 "$bin/etcd" --version | sed -n 1p >&2

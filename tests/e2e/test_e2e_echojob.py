@@ -9,6 +9,7 @@ e2e proves the operator's lifecycle, not learning (docs/benchmarks does that).
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 import pytest
@@ -482,3 +483,69 @@ def test_a_shared_swarm_scales_its_total_over_the_jobs_using_it(e2e: E2E) -> Non
         "2 worker pods, one per job", lambda: scale_reads(2) and workers() == {"share-a": 1, "share-b": 1}
     )
     e2e.note(f"kubectl scale --replicas=2: workers per job {workers()}")
+
+    # The real HPA controller (kube-controller-manager) on the swarm's scale subresource, fed by
+    # metrics-server with the worker pods' real CPU use. Its target is far below what a generating
+    # worker uses, so it scales to maxReplicas: the pods of both jobs together are what it set, and
+    # what the scale subresource reports back, so it settles there instead of running away.
+    cpu_target = {"type": "Utilization", "averageUtilization": 5}
+    e2e.apply(
+        {
+            "apiVersion": "autoscaling/v2",
+            "kind": "HorizontalPodAutoscaler",
+            "metadata": {"name": "shared"},
+            "spec": {
+                "scaleTargetRef": {
+                    "apiVersion": "echorl.dev/v1alpha1",
+                    "kind": "InferenceSwarm",
+                    "name": "shared",
+                },
+                "minReplicas": 2,
+                "maxReplicas": 4,
+                "metrics": [{"type": "Resource", "resource": {"name": "cpu", "target": cpu_target}}],
+                "behavior": {"scaleDown": {"stabilizationWindowSeconds": 0}},
+            },
+        }
+    )
+
+    def hpa_at(replicas: int) -> dict[str, Any] | None:
+        status: dict[str, Any] = e2e.json("get", "hpa/shared")["status"]
+        reading = any(
+            c["type"] == "ScalingActive" and c["status"] == "True" for c in status.get("conditions", [])
+        )
+        return (
+            status
+            if reading and status.get("desiredReplicas") == replicas and scale_reads(replicas)
+            else None
+        )
+
+    def pods_of_swarm() -> int:  # every pod, Running or not: a run-away shows as pods, not only as Running
+        return sum(
+            not p["metadata"].get("deletionTimestamp") for p in e2e.pods("echorl.dev/inference-swarm=shared")
+        )
+
+    status = e2e.until(
+        "the HPA reads the pods' CPU and scales the swarm to 4 pods over both jobs",
+        lambda: hpa_at(4),
+        timeout=300,
+    )
+    used = status["currentMetrics"][0]["resource"]["current"]["averageUtilization"]
+    e2e.note(f"HPA at 4: workers per job {workers()}, CPU {used} % of requests")
+    assert used > 5 and sorted(workers().values()) == [2, 2]
+    # Several of its 5-second syncs later it still wants 4 and there are still 4 pods: no run-away.
+    for _ in range(4):
+        time.sleep(6)
+        status = e2e.json("get", "hpa/shared")["status"]
+        assert (status.get("currentReplicas"), status.get("desiredReplicas")) == (4, 4), status
+        assert pods_of_swarm() == 4 and e2e.json("get", "inferenceswarm/shared")["spec"]["replicas"] == 4
+    # A target no worker reaches: it scales the swarm down to minReplicas, one worker per job.
+    e2e.kubectl(
+        "patch", "hpa/shared", "--type=json",
+        "-p", '[{"op": "replace", "path": "/spec/metrics/0/resource/target/averageUtilization", "value": 100000}]',
+    )  # fmt: skip
+    e2e.until(
+        "the HPA scales the swarm down to 2, one worker per job",
+        lambda: hpa_at(2) and workers() == {"share-a": 1, "share-b": 1},
+        timeout=300,
+    )
+    e2e.note(f"HPA at 2: workers per job {workers()}")

@@ -64,6 +64,7 @@ COMPONENTS = (
     "kube-proxy",
     "coredns",
     "kwok",
+    "metrics-server",
 )
 
 
@@ -171,6 +172,10 @@ _CLIENTS = {
     "apiserver-kubelet": ("/CN=echorl-test:apiserver", "clientAuth"),
     "coredns": ("/CN=echorl-test:coredns", "clientAuth"),
     "kwok": ("/CN=echorl-test:kwok", "clientAuth"),
+    "metrics-server": ("/CN=echorl-test:metrics-server", "clientAuth"),
+    # The API server's identity when it proxies to an aggregated API (metrics-server): the one name
+    # --requestheader-allowed-names trusts to assert a user in its X-Remote-User header.
+    "front-proxy-client": ("/CN=front-proxy-client", "clientAuth"),
 }
 
 
@@ -357,7 +362,7 @@ class Cluster:
             return []
         self.stopped = True
         errors: list[str] = []
-        for name in ("kwok", "kube-proxy", "coredns", "kubelet"):
+        for name in ("metrics-server", "kwok", "kube-proxy", "coredns", "kubelet"):
             _stop(self.processes.get(name), errors)
         if (
             self.runtime_socket.exists()
@@ -652,11 +657,21 @@ def _start(cluster: Cluster, timeout: float, t0: float) -> None:
         f"--kubelet-client-key={pki.key('apiserver-kubelet')}",
         "--kubelet-preferred-address-types=InternalIP",
         "--allow-privileged=true", "--profiling=false", "--enable-priority-and-fairness=false", "--v=1",
+        # The aggregation layer, for the resource metrics API the HPA controller reads (metrics-server).
+        f"--requestheader-client-ca-file={pki.ca}", "--requestheader-allowed-names=front-proxy-client",
+        "--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={pki.cert('front-proxy-client')}",
+        f"--proxy-client-key-file={pki.key('front-proxy-client')}", "--enable-aggregator-routing=true",
     ])  # fmt: skip
     ctx = _ssl_context(pki)
     healthy(apiserver, lambda: _http_ok(f"{cluster.server}/readyz", ctx, b"ok"))
     lap("kube-apiserver")
     cluster.kubectl("apply", "--server-side", "-f", "-", input=cluster_files.BOOTSTRAP_RBAC, check=True)
+    cluster.kubectl(
+        "apply", "--server-side", "-f", "-",
+        input=cluster_files.METRICS_SERVER_RBAC + "\n---\n" + cluster_files.metrics_api(a), check=True,
+    )  # fmt: skip
     for name, binary, port in (
         ("kube-controller-manager", "kube-controller-manager", 10257),
         ("kube-scheduler", "kube-scheduler", 10259),
@@ -664,7 +679,12 @@ def _start(cluster: Cluster, timeout: float, t0: float) -> None:
         cfg = configs["controller-manager" if "controller" in name else "scheduler"]
         extra = (
             [f"--service-account-private-key-file={pki.key('sa')}", f"--root-ca-file={pki.ca}",
-             "--use-service-account-credentials=true"]
+             "--use-service-account-credentials=true",
+             # An HPA acts within seconds, not minutes: sync every 5 s and count a new pod's CPU
+             # as soon as it is Ready (the defaults are 15 s, 5 min and 30 s).
+             "--horizontal-pod-autoscaler-sync-period=5s",
+             "--horizontal-pod-autoscaler-cpu-initialization-period=10s",
+             "--horizontal-pod-autoscaler-initial-readiness-delay=5s"]
             if "controller" in name else []
         )  # fmt: skip
         _proc(cluster, name, [
@@ -738,6 +758,15 @@ def _start(cluster: Cluster, timeout: float, t0: float) -> None:
         "--manage-all-nodes=false", "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
         f"--cidr={a.simulated_pod_cidr}", "--server-address=127.0.0.1:10247",
     ])  # fmt: skip
+    # metrics-server scrapes the kubelet (real pods' CPU and memory) and serves metrics.k8s.io.
+    ms = configs["metrics-server"]
+    _proc(cluster, "metrics-server", [
+        b / "metrics-server", f"--kubeconfig={ms}", f"--authentication-kubeconfig={ms}",
+        f"--authorization-kubeconfig={ms}", f"--bind-address={a.node_ip}",
+        f"--secure-port={cluster_files.METRICS_SERVER_PORT}", f"--cert-dir={w / 'metrics-server'}",
+        "--kubelet-preferred-address-types=InternalIP", "--kubelet-insecure-tls",
+        "--metric-resolution=10s", "--v=1",
+    ])  # fmt: skip
 
     # -- ready -----------------------------------------------------------------------------------
     deadline = time.monotonic() + timeout
@@ -761,6 +790,17 @@ def _start(cluster: Cluster, timeout: float, t0: float) -> None:
     healthy(proxy, lambda: _http_ok("http://127.0.0.1:10256/healthz"))
     healthy(coredns, lambda: _http_ok("http://127.0.0.1:8181/ready"))
     lap("services")
+    # Until the aggregated API answers, discovery is incomplete and the namespace controller cannot
+    # finish a deletion: the cluster is not ready before metrics.k8s.io is Available.
+    available = ["get", "apiservice", "v1beta1.metrics.k8s.io", "-o"]
+    available.append("jsonpath={.status.conditions[?(@.type=='Available')].status}")
+    _wait(
+        cluster,
+        deadline,
+        "the resource metrics API (metrics-server)",
+        lambda: cluster.kubectl(*available).stdout.strip() == "True",
+    )
+    lap("metrics-api")
     leaks = cluster.containment()
     if leaks:
         raise ServiceError(cluster.describe_failure(f"the namespace is not contained: {leaks}"))

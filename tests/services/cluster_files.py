@@ -230,6 +230,88 @@ subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: "echorl-test:
 """
 
 
+METRICS_SERVER_PORT = 4443
+"""metrics-server listens on the node's address, beside the kubelet (10250) and the API server (6443)."""
+
+METRICS_SERVER_RBAC = """
+# metrics-server reads pods and nodes and scrapes each kubelet's /metrics/resource (nodes/metrics).
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: "echorl-test:metrics-server"}
+rules:
+  - apiGroups: [""]
+    resources: [pods, nodes, namespaces, configmaps]
+    verbs: [get, list, watch]
+  - apiGroups: [""]
+    resources: [nodes/metrics]
+    verbs: [get]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "echorl-test:metrics-server"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "echorl-test:metrics-server"}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: "echorl-test:metrics-server"}]
+---
+# As an aggregated API server it delegates authentication and authorization to the API server.
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "echorl-test:metrics-server:auth-delegator"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "system:auth-delegator"}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: "echorl-test:metrics-server"}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: "echorl-test:metrics-server:auth-reader", namespace: kube-system}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: "extension-apiserver-authentication-reader"}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: "echorl-test:metrics-server"}]
+"""
+
+
+def metrics_api(addresses: Addresses) -> str:
+    """The resource metrics API (``metrics.k8s.io``) served by the metrics-server process on the node.
+
+    A Service without a selector and an EndpointSlice whose one endpoint is that process; the API
+    server, run with ``--enable-aggregator-routing``, proxies ``/apis/metrics.k8s.io`` to it. metrics-server's serving
+    certificate is self-signed, hence ``insecureSkipTLSVerify`` (a test cluster only: the connection
+    never leaves the namespace).
+    """
+    port = METRICS_SERVER_PORT
+    objects: list[dict[str, Any]] = [
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "metrics-server", "namespace": "kube-system"},
+            "spec": {"ports": [{"name": "https", "port": 443, "targetPort": port}]},
+        },
+        {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": "metrics-server-node",
+                "namespace": "kube-system",
+                "labels": {"kubernetes.io/service-name": "metrics-server"},
+            },
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [addresses.node_ip], "conditions": {"ready": True}}],
+            "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
+        },
+        {
+            "apiVersion": "apiregistration.k8s.io/v1",
+            "kind": "APIService",
+            "metadata": {"name": "v1beta1.metrics.k8s.io"},
+            "spec": {
+                "group": "metrics.k8s.io",
+                "version": "v1beta1",
+                "service": {"name": "metrics-server", "namespace": "kube-system", "port": 443},
+                "insecureSkipTLSVerify": True,
+                "groupPriorityMinimum": 100,
+                "versionPriority": 100,
+            },
+        },
+    ]
+    return "\n---\n".join(yaml.safe_dump(o, sort_keys=False) for o in objects)
+
+
 def kwok_config(stage_files: list[Path]) -> str:
     """kwok's configuration: its Stage manifests (node init, lease heartbeats, pod lifecycle)."""
     return "\n---\n".join(p.read_text().strip() for p in sorted(stage_files)) + "\n"
