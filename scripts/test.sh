@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The one test command (README and .ci/run call it): installs everything the tests need from the
-# package registries (Python packages; MinIO, etcd and Kubernetes' binaries, CoreDNS and kwok built
-# with Go; containerd, runc, CNI plugins, podman and debootstrap from Debian), caching outside the
-# repo, then runs the linters, the type checker and the whole pytest suite. pytest builds the e2e
+# package registries (Python packages; MinIO, etcd and Kubernetes' binaries, CoreDNS, kwok,
+# metrics-server and Kueue built with Go; containerd, runc, CNI plugins, podman and debootstrap from
+# Debian), caching outside the repo, then runs the linters, the type checker and the whole pytest suite. pytest builds the e2e
 # tier's images (scripts/images.sh) when an e2e test is selected, and starts its cluster.
 # Extra arguments go to pytest (e.g. `scripts/test.sh tests/unit -x`, `scripts/test.sh -m "not e2e"`).
 set -euo pipefail

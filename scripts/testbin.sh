@@ -10,6 +10,7 @@
 #   kwok            simulated nodes (sigs.k8s.io/kwok), with its Stage manifests in ../kwok-stages/
 #   crictl          the CRI client (sigs.k8s.io/cri-tools): the harness removes pod sandboxes with it
 #   metrics-server  the resource metrics API the HPA controller reads (sigs.k8s.io/metrics-server)
+#   kueue           Kueue's manager (sigs.k8s.io/kueue), with its CRDs in ../kueue-crds/
 # Idempotent: binaries are cached under $ECHORL_TESTBIN (default ~/.cache/echorl/testbin/<pins>/bin);
 # a warm cache returns in well under a second. Prints the bin directory on the last line of stdout.
 set -euo pipefail
@@ -22,6 +23,7 @@ COREDNS_VERSION="${COREDNS_VERSION:-v1.15.0}"
 KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
 CRICTL_VERSION="${CRICTL_VERSION:-v1.34.0}"
 METRICS_SERVER_VERSION="${METRICS_SERVER_VERSION:-v0.8.0}"     # not in the tag: its .ok file names it
+KUEUE_VERSION="${KUEUE_VERSION:-v0.17.0}"                       # likewise
 # ---------------------------------------------------------------------------------------------
 
 RECIPE=3  # bump when the build recipe below changes, so caches rebuild
@@ -50,6 +52,27 @@ build_metrics_server() {
   rm -f "$bin/metrics-server.ok"
   build_go_install metrics-server "sigs.k8s.io/metrics-server/cmd/metrics-server@${METRICS_SERVER_VERSION}"
   echo "$METRICS_SERVER_VERSION" >"$bin/metrics-server.ok"
+}
+
+# Kueue, likewise outside the tag. Its CRDs come from the same module (config/components/crd/bases);
+# the test harness installs them before it starts the manager.
+kueue_current() {
+  have kueue && [ "$(cat "$bin/kueue.ok")" = "$KUEUE_VERSION" ] && [ -f "$root/kueue-crds/.version" ] \
+    && [ "$(cat "$root/kueue-crds/.version")" = "$KUEUE_VERSION" ]
+}
+
+build_kueue() {
+  kueue_current && return 0
+  rm -f "$bin/kueue.ok"
+  build_go_install kueue "sigs.k8s.io/kueue/cmd/kueue@${KUEUE_VERSION}"
+  local dir
+  dir=$(GOFLAGS= go mod download -json "sigs.k8s.io/kueue@${KUEUE_VERSION}" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+  rm -rf "$root/kueue-crds.tmp" "$root/kueue-crds" && mkdir -p "$root/kueue-crds.tmp"
+  cp "$dir"/config/components/crd/bases/*.yaml "$root/kueue-crds.tmp/"
+  chmod -R u+w "$root/kueue-crds.tmp"
+  echo "$KUEUE_VERSION" >"$root/kueue-crds.tmp/.version"
+  mv "$root/kueue-crds.tmp" "$root/kueue-crds"
+  echo "$KUEUE_VERSION" >"$bin/kueue.ok"
 }
 
 have_all() {
@@ -134,7 +157,7 @@ GO
 }
 
 # One build at a time per cache: a second caller (another test run, a helper) waits for the first.
-if ! have_all "${ALL[@]}" || [ ! -d "$root/kwok-stages" ] || ! metrics_server_current; then
+if ! have_all "${ALL[@]}" || [ ! -d "$root/kwok-stages" ] || ! metrics_server_current || ! kueue_current; then
   exec 9>"$root/.lock"
   if ! flock -n 9; then
     log "another build is running in $root; waiting for it"
@@ -147,6 +170,7 @@ if ! have_all "${ALL[@]}" || [ ! -d "$root/kwok-stages" ] || ! metrics_server_cu
   build_kwok
   build_go_install crictl "sigs.k8s.io/cri-tools/cmd/crictl@${CRICTL_VERSION}"
   build_metrics_server
+  build_kueue
 fi
 "$bin/kube-apiserver" --version >&2
 "$bin/etcd" --version | sed -n 1p >&2

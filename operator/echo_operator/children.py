@@ -34,7 +34,7 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -43,6 +43,9 @@ from echo_operator.config import Settings
 from echo_runtime import spec as echo_spec
 from echo_runtime.spec import podtemplate
 from echo_runtime.spec.podtemplate import PodTemplate
+
+if TYPE_CHECKING:
+    from echo_operator.status import Hold
 
 Object = dict[str, Any]
 
@@ -110,6 +113,8 @@ class JobInput:
     """The job Succeeded or Failed: nothing runs any more (its processes are scaled to zero)."""
     tls: TLSWiring | None = None
     """Set when external workers join: the coordinator also serves TLS, on its external Service."""
+    held: Hold | None = None
+    """Why Kueue does not let the job run now (:mod:`echo_operator.queueing`); None: not held."""
 
     @classmethod
     def from_resolved(
@@ -136,12 +141,13 @@ class JobInput:
 
     @property
     def suspended(self) -> bool:
-        return self.spec.suspend
+        """Scaled to zero by ``spec.suspend`` or by its queue (Kueue has not admitted it)."""
+        return self.spec.suspend or self.held is not None
 
     @property
     def active(self) -> bool:
-        """Processes should run: neither suspended nor over."""
-        return not (self.spec.suspend or self.finished)
+        """Processes should run: neither suspended, nor held by the job's queue, nor over."""
+        return not (self.suspended or self.finished)
 
     @property
     def has_external_pools(self) -> bool:

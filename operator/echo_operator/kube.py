@@ -33,6 +33,8 @@ PLURALS: dict[tuple[str, str], str] = {
     ("echorl.dev/v1alpha1", "InferenceSwarm"): "inferenceswarms",
     ("echorl.dev/v1alpha1", "TrainingSwarm"): "trainingswarms",
     ("echorl.dev/v1alpha1", "SyncPolicy"): "syncpolicies",
+    ("kueue.x-k8s.io/v1beta2", "Workload"): "workloads",
+    ("kueue.x-k8s.io/v1beta2", "WorkloadPriorityClass"): "workloadpriorityclasses",
 }
 
 
@@ -206,6 +208,18 @@ class Kube:
     def patch_status(self, api_version: str, kind: str, namespace: str, name: str, status: Object) -> Object:
         """Merge-patch ``status`` through the status subresource (``None`` values delete keys)."""
         return self.merge_patch(api_version, kind, namespace, name, {"status": status}, subresource="status")
+
+    def replace_status(self, api_version: str, kind: str, namespace: str, name: str, obj: Object) -> Object:
+        """PUT the whole object to its status subresource: guarded by its ``resourceVersion`` (a
+        conflict is a 409 :class:`KubeError`), and, unlike a merge patch, it can drop a field another
+        manager wrote (Kueue's ``status.admission``)."""
+        return self._call(
+            "PUT",
+            path(api_version, kind, namespace, name) + "/status",
+            f"update {kind} {name}/status",
+            body=obj,
+            query=[("fieldManager", names.MANAGER)],
+        )
 
     def delete(
         self,

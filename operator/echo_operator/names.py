@@ -63,6 +63,11 @@ def coordinator_tls(job: str) -> str:
     return f"{job}-coordinator-tls"
 
 
+def workload(job: str) -> str:
+    """The Kueue Workload of a job queued through Kueue (:mod:`echo_operator.queueing`)."""
+    return f"echojob-{job}"
+
+
 def pool(job: str, pool_name: str) -> str:
     """A pool's Deployment."""
     return f"{job}-{pool_name}"

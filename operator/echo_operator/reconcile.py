@@ -32,13 +32,14 @@ from echo_operator import (
     events,
     lifecycle,
     names,
+    queueing,
     references,
     status_pass,
     tokens,
 )
 from echo_operator.config import Settings
 from echo_operator.context import JobMemory, Problems
-from echo_operator.kube import Kube
+from echo_operator.kube import Kube, KubeError
 
 Object = dict[str, Any]
 __all__ = ["JobMemory", "Problems", "Reconciler"]
@@ -118,6 +119,10 @@ class Reconciler:
             finished=outcome is not None,
             tls=tls,
         )
+        queue = queueing.queue_name(body)
+        if queue is not None:
+            held = queueing.admit(ctx, body, job, queue, outcome.type if outcome is not None else None)
+            job = dataclasses.replace(job, held=held)
         apply.apply_children(ctx, body, job, existing)
         # Issuing a MinIO service account takes most of a second: do it once the children exist
         # (pods wait for their Secret), and fall back to the job's own credentials if it fails.
@@ -134,9 +139,23 @@ class Reconciler:
             if mem.job is None and not mem.problems:
                 return  # not reconciled yet (the operator just started): nothing to report
             ended = status_pass.observe_job(self.ctx, body, mem)
+            admission = self._admission_changed(body, mem)
         if ended:  # scale everything to zero now, not at the next resync
             self.reconcile(body)
             self.rebalance(body)
+        elif admission:  # Kueue admitted or evicted the job, or its pods are gone after an eviction
+            self.reconcile(body)
+
+    def _admission_changed(self, body: Mapping[str, Any], mem: JobMemory) -> bool:
+        """Whether the job's Kueue Workload says something the last reconcile did not act on."""
+        queue = queueing.queue_name(body)
+        if queue is None or mem.job is None or mem.job.finished:
+            return False
+        try:
+            held, awaiting_release = queueing.current_hold(self.ctx, mem.job, queue)
+        except KubeError:
+            return False  # the next reconcile reports it
+        return awaiting_release or held != mem.job.held
 
     def rebalance(self, body: Mapping[str, Any]) -> None:
         """The job started, changed, ended or went: re-apply the other running jobs that share an

@@ -32,6 +32,14 @@ class Problem:
 
 
 @dataclasses.dataclass(frozen=True)
+class Hold:
+    """Why the job's queue (Kueue) does not let it run now: a CamelCase reason and a message."""
+
+    reason: str
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Observation:
     """What one status pass saw."""
 
@@ -39,6 +47,8 @@ class Observation:
     """The newest generation whose children were applied (``observedGeneration``)."""
     suspended: bool
     job: children.JobInput | None
+    held: Hold | None = None
+    """Why Kueue keeps the job from running (queued, preempted), when it does."""
     problems: tuple[Problem, ...] = ()
     coordinator: wire.StatusDocument | None = None
     coordinator_error: str | None = None
@@ -134,6 +144,8 @@ def pool_statuses(obs: Observation) -> list[Object]:
 
 
 def _suspended(obs: Observation) -> Condition:
+    if obs.held is not None and not (obs.job is not None and obs.job.spec.suspend):
+        return Condition("Suspended", "True", obs.held.reason, obs.held.message)
     if obs.suspended:
         return Condition(
             "Suspended",
@@ -142,6 +154,12 @@ def _suspended(obs: Observation) -> Condition:
             "spec.suspend is true: every process is scaled to zero; snapshots and checkpoints are kept",
         )
     return Condition("Suspended", "False", "NotSuspended", "the job runs")
+
+
+def _why_suspended(obs: Observation) -> str:
+    if obs.held is not None and not (obs.job is not None and obs.job.spec.suspend):
+        return f"the job is held by its queue: {obs.held.message}"
+    return "the job is suspended"
 
 
 def _ready(obs: Observation) -> Condition:
@@ -153,7 +171,7 @@ def _ready(obs: Observation) -> Condition:
             f"the job {obs.outcome.type.lower()}: its processes are scaled to zero",
         )
     if obs.suspended:
-        return Condition("Ready", "False", "Suspended", "the job is suspended")
+        return Condition("Ready", "False", "Suspended", _why_suspended(obs))
     if obs.problems:
         return Condition("Ready", "False", obs.problems[0].reason, obs.problems[0].message)
     job = obs.job
@@ -211,7 +229,7 @@ def _progressing(obs: Observation) -> Condition:
             return Condition("Progressing", "False", "Completed", obs.outcome.message)
         return Condition("Progressing", "False", "Failed", "the job failed; see the Failed condition")
     if obs.suspended:
-        return Condition("Progressing", "False", "Suspended", "the job is suspended")
+        return Condition("Progressing", "False", "Suspended", _why_suspended(obs))
     if obs.problems:
         return Condition("Progressing", "False", obs.problems[0].reason, obs.problems[0].message)
     doc, job = obs.coordinator, obs.job

@@ -6,6 +6,9 @@ is no registry), then waits until the operator and the dev MinIO are rolled out.
 in its own pod, as its own service account, with the RBAC of ``manifests/common/rbac.yaml``
 (the cluster-wide install).
 
+``cluster_kueue`` (session) runs Kueue's manager inside the cluster's network namespace, as the cluster
+admin, for the tests that queue jobs through it.
+
 ``e2e`` (function) gives a test a fresh namespace with the dev MinIO's credentials in it and the
 helpers of :class:`e2e_kit.E2E`; the namespace is deleted afterwards (the real namespace controller
 removes everything in it).
@@ -23,6 +26,7 @@ import yaml
 from e2e_kit import E2E, Installed
 
 from services.cluster import Cluster
+from services.kueue import Kueue, start_kueue
 from services.procs import REPO_ROOT
 
 MANIFESTS = REPO_ROOT / "manifests"
@@ -100,6 +104,24 @@ def echorl_installed(kube_cluster: Cluster, tmp_path_factory: pytest.TempPathFac
             f"--timeout={ROLLOUT_TIMEOUT_S}s", check=True, timeout=ROLLOUT_TIMEOUT_S + 30,
         )  # fmt: skip
     yield Installed(kube_cluster)
+
+
+@pytest.fixture(scope="session")
+def cluster_kueue(kube_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kueue]:
+    """Kueue's manager as a process inside the cluster's namespace (its loopback there), like the
+    cluster's other control-plane processes."""
+    manager = start_kueue(
+        kube_cluster.bin_dir,
+        kube_cluster.kubeconfig,
+        tmp_path_factory.mktemp("kueue"),
+        kube_cluster.kubectl,
+        wrap=kube_cluster.ns.argv,
+        env=kube_cluster.env(),
+    )
+    try:
+        yield manager
+    finally:
+        manager.stop()
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ operator under test runs with exactly the RBAC that ``manifests/common/rbac.yaml
 ``start_operator`` runs the operator for real in this process with :class:`kopf.testing.KopfRunner`;
 ``operator`` is one such run per module (a module that needs other settings defines its own),
 ``delete_jobs`` removes a test's EchoJobs afterwards and ``bucket`` is a test's own snapshot bucket.
+``kueue`` is a real Kueue manager (:mod:`services.kueue`) on the same API server, for the session.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from kopf.testing import KopfRunner
 from operator_kit import service_account_kubeconfig
 
 from services.kube import KubeApiServer
+from services.kueue import Kueue, start_kueue
 from services.minio import MinioServer
+from services.procs import free_ports
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 SA = "system:serviceaccount:echorl-system:echorl-operator"
@@ -138,3 +141,22 @@ def bucket(minio_server: MinioServer, kube_namespace: str) -> Iterator[str]:
         for obj in client.list_objects(name, recursive=True):
             client.remove_object(name, obj.object_name or "")
         client.remove_bucket(name)
+
+
+@pytest.fixture(scope="session")
+def kueue(
+    kube_apiserver: KubeApiServer, testbin_dir: pathlib.Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Kueue]:
+    """Kueue's manager, as cluster admin, with its CRDs installed (:mod:`services.kueue`)."""
+    webhook, health = free_ports(2)
+    manager = start_kueue(
+        testbin_dir,
+        kube_apiserver.kubeconfig,
+        tmp_path_factory.mktemp("kueue"),
+        kube_apiserver.kubectl,
+        ports=(webhook, health),
+    )
+    try:
+        yield manager
+    finally:
+        manager.stop()

@@ -1,0 +1,362 @@
+"""Kueue admission: the Workload the operator writes for a queued EchoJob, and what Kueue's answer means.
+
+An EchoJob labelled ``kueue.x-k8s.io/queue-name: Q`` runs only while Kueue admits it. The route is
+the one Kueue documents for a custom job kind whose controller is not Kueue's (AppWrapper, JobSet
+and Kubeflow Trainer's TrainJob do the same from Go): the operator writes one ``Workload``
+(``kueue.x-k8s.io/v1beta2``) per job, owned by it, whose pod sets are the pods the job will run —
+the coordinator, each in-cluster inference pool, the trainer's ranks — with their requests, node
+selectors and tolerations, and keeps every process scaled to zero until Kueue admits it. Kueue
+needs no webhook and no knowledge of EchoJobs for this, and ``spec.suspend`` stays the user's:
+GitOps tools never see the operator rewrite the spec they applied.
+
+The contract with Kueue, as its own job reconciler keeps it:
+
+* run only while the Workload's ``Admitted`` condition is True and it is not ``Evicted``;
+* when Kueue evicts it (preemption by a higher-priority Workload, ``spec.active: false``), scale
+  every process to zero, and once **no pod of the job is left** give the quota back: clear
+  ``status.admission``, set ``QuotaReserved`` and ``Admitted`` False and ``Requeued`` True (a
+  preempted Workload queues again; one the user deactivated waits), through the status subresource;
+* when the job ends, set ``Finished`` True: Kueue releases its quota;
+* ``spec.suspend: true`` deactivates the Workload (``spec.active: false``), which also releases quota.
+
+A job that changes the pods it needs while admitted (a pool's ``replicas``) gets a new Workload and
+queues again, as Kueue does for its own kinds: quota always matches what runs. A pool without
+``replicas`` (scaled by ``kubectl scale`` or an HPA) is counted as one pod: what an autoscaler adds later
+is not charged to the queue (docs/operator.md, "Kueue").
+
+The decisions are pure functions of the job and the stored Workload; :func:`admit` is the I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from echo_operator import children, context, events, names
+from echo_operator.config import Settings
+from echo_operator.kube import KubeError
+from echo_operator.status import Hold
+
+Object = dict[str, Any]
+
+API = "kueue.x-k8s.io/v1beta2"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+MAX_POD_SETS = 8
+"""Kueue's limit on a Workload's pod sets: the coordinator, the trainer and at most six pools."""
+REQUEUED_AFTER = ("Preempted", "NodeFailures")
+"""Eviction reasons after which Kueue queues the Workload again on its own (its job reconciler's rule)."""
+_POD_FIELDS = ("nodeSelector", "tolerations", "affinity")
+"""What of a pod's spec Kueue reads to place it on a ResourceFlavor, beside the containers' requests."""
+
+
+def queue_name(body: Mapping[str, Any]) -> str | None:
+    """The LocalQueue the job asks for (None: not queued through Kueue)."""
+    value = ((body.get("metadata") or {}).get("labels") or {}).get(QUEUE_LABEL)
+    return str(value) if value else None
+
+
+def priority_class(body: Mapping[str, Any]) -> str | None:
+    """The WorkloadPriorityClass the job names (None: Kueue's default priority, 0)."""
+    value = ((body.get("metadata") or {}).get("labels") or {}).get(PRIORITY_LABEL)
+    return str(value) if value else None
+
+
+# -- the Workload ----------------------------------------------------------------------------------
+
+
+def _pod_set(name: str, count: int, template: Mapping[str, Any]) -> Object:
+    """One pod set: the pod's containers with their resources, and what places it on a node."""
+    pod = template.get("spec") or {}
+    containers = [
+        {"name": c["name"], "image": c.get("image", ""), "resources": c.get("resources") or {}}
+        for c in pod.get("containers") or []
+    ]
+    spec: Object = {"containers": containers}
+    spec.update({f: pod[f] for f in _POD_FIELDS if pod.get(f)})
+    return {"name": name, "count": count, "template": {"spec": spec}}
+
+
+def pod_sets(job: children.JobInput, settings: Settings) -> list[Object]:
+    """The pods the job runs once admitted, as Kueue pod sets: coordinator, pools, trainer.
+
+    Computed from the children the job would have running (:func:`children.desired` of the job
+    neither suspended nor held), so a Workload charges exactly the requests those pods make.
+    """
+    running = dataclasses.replace(
+        job, spec=job.spec.model_copy(update={"suspend": False}), finished=False, held=None
+    )
+    out: list[Object] = []
+    for obj in children.desired(running, settings):
+        labels = obj["metadata"].get("labels") or {}
+        if obj["kind"] == "Deployment":
+            count = obj["spec"].get("replicas", 1)
+            name = labels.get(names.POOL) or labels.get(names.COMPONENT, "coordinator")
+        elif obj["kind"] == "Job":
+            count, name = obj["spec"].get("parallelism", 1), "trainer"
+        else:
+            continue
+        if count:
+            out.append(_pod_set(name, int(count), obj["spec"]["template"]))
+    return out
+
+
+def workload(
+    job: children.JobInput, settings: Settings, queue: str, priority: tuple[str, int] | None
+) -> Object:
+    """The Workload the operator applies for ``job`` (``priority``: the class's name and value)."""
+    spec: Object = {
+        "queueName": queue,
+        "podSets": pod_sets(job, settings),
+        "active": not job.spec.suspend,
+    }
+    if priority is not None:
+        name, value = priority
+        spec["priorityClassRef"] = {"group": "kueue.x-k8s.io", "kind": "WorkloadPriorityClass", "name": name}
+        spec["priority"] = value
+    return {
+        "apiVersion": API,
+        "kind": "Workload",
+        "metadata": {
+            "name": names.workload(job.name),
+            "namespace": job.namespace,
+            "labels": {names.JOB: job.name},
+            "ownerReferences": [children.owner_reference(job)],
+        },
+        "spec": spec,
+    }
+
+
+def too_many_pod_sets(job: children.JobInput, settings: Settings) -> str | None:
+    """Why Kueue cannot take this job (None: it can)."""
+    n = len(pod_sets(job, settings))
+    if n <= MAX_POD_SETS:
+        return None
+    return (
+        f"Kueue admits at most {MAX_POD_SETS} pod sets per Workload (the coordinator, the trainer and "
+        f"{MAX_POD_SETS - 2} in-cluster pools); this job needs {n}: merge pools or drop the "
+        f"{QUEUE_LABEL} label"
+    )
+
+
+def _resources(pod_set: Mapping[str, Any]) -> list[Any]:
+    spec = (pod_set.get("template") or {}).get("spec") or {}
+    return [
+        [c.get("name"), (c.get("resources") or {}).get("requests"), (c.get("resources") or {}).get("limits")]
+        for c in spec.get("containers") or []
+    ] + [spec.get(f) for f in _POD_FIELDS]
+
+
+def same_pods(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
+    """Whether the stored Workload charges for the pods ``wanted`` describes (names, counts, requests,
+    placement): Kueue's defaults filled into the stored copy do not count as a difference."""
+
+    def key(wl: Mapping[str, Any]) -> list[Any]:
+        sets = (wl.get("spec") or {}).get("podSets") or []
+        return [[p.get("name"), p.get("count"), _resources(p)] for p in sets]
+
+    return key(stored) == key(wanted)
+
+
+# -- what Kueue says -------------------------------------------------------------------------------
+
+
+def _conditions(wl: Mapping[str, Any] | None) -> dict[str, Mapping[str, Any]]:
+    return {c.get("type", ""): c for c in ((wl or {}).get("status") or {}).get("conditions") or []}
+
+
+def _true(conds: Mapping[str, Mapping[str, Any]], kind: str) -> bool:
+    return conds.get(kind, {}).get("status") == "True"
+
+
+def admitted(wl: Mapping[str, Any] | None) -> bool:
+    """Kueue admitted the Workload and has not evicted it: the job may run."""
+    conds = _conditions(wl)
+    return _true(conds, "Admitted") and not _true(conds, "Evicted") and not _true(conds, "Finished")
+
+
+def holds_quota(wl: Mapping[str, Any] | None) -> bool:
+    """The Workload still holds quota (an admission, or ``QuotaReserved`` True)."""
+    return bool(((wl or {}).get("status") or {}).get("admission")) or _true(_conditions(wl), "QuotaReserved")
+
+
+def evicted(wl: Mapping[str, Any] | None) -> bool:
+    """Kueue evicted the Workload and it still holds quota: the job must stop, then give it back."""
+    return _true(_conditions(wl), "Evicted") and holds_quota(wl)
+
+
+def finished(wl: Mapping[str, Any] | None) -> bool:
+    return _true(_conditions(wl), "Finished")
+
+
+def hold(wl: Mapping[str, Any] | None, queue: str, workload_name: str) -> Hold | None:
+    """Why the job must not run now (None: Kueue admitted it, or the Workload is finished)."""
+    if admitted(wl) or finished(wl):
+        return None
+    conds = _conditions(wl)
+    if _true(conds, "Evicted"):
+        ev = conds["Evicted"]
+        return Hold(
+            "Preempted" if ev.get("reason") == "Preempted" else "EvictedByKueue",
+            f"Kueue evicted Workload {workload_name} ({ev.get('reason', '?')}: {ev.get('message', '')}); "
+            "every process is scaled to zero and the job resumes from its checkpoint once admitted again",
+        )
+    if wl is not None and (wl.get("spec") or {}).get("active") is False:
+        return Hold("Deactivated", f"Workload {workload_name} is inactive while spec.suspend is true")
+    waiting = conds.get("QuotaReserved", {}).get("message") or "not admitted yet"
+    return Hold(
+        "Queued",
+        f"waiting for Kueue to admit Workload {workload_name} from LocalQueue {queue}: {waiting}",
+    )
+
+
+def _set(
+    conds: list[Object], kind: str, status: str, reason: str, message: str, generation: Any, now: str
+) -> None:
+    """Set a condition in place, keeping ``lastTransitionTime`` when its status does not change."""
+    for c in conds:
+        if c.get("type") == kind:
+            if c.get("status") != status:
+                c["lastTransitionTime"] = now
+            c.update(status=status, reason=reason, message=message, observedGeneration=generation)
+            return
+    conds.append(
+        {
+            "type": kind,
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "observedGeneration": generation,
+            "lastTransitionTime": now,
+        }
+    )
+
+
+def released(wl: Mapping[str, Any], now: str) -> Object:
+    """The evicted Workload with its quota given back (what Kueue's job reconciler writes once the
+    job's pods are gone): no admission, ``QuotaReserved``/``Admitted`` False, ``Requeued`` True
+    after a preemption (Kueue then queues it again) and False otherwise."""
+    out = _copy(wl)
+    status = out.setdefault("status", {})
+    status.pop("admission", None)
+    conds: list[Object] = status.setdefault("conditions", [])
+    ev = _conditions(wl).get("Evicted", {})
+    reason, message = ev.get("reason", "Evicted"), ev.get("message", "evicted")
+    gen = wl.get("metadata", {}).get("generation")
+    _set(conds, "QuotaReserved", "False", "Pending", message, gen, now)
+    _set(conds, "Admitted", "False", "NoReservation", "The workload has no reservation", gen, now)
+    _set(conds, "Requeued", "False", reason, message, gen, now)
+    return out
+
+
+def with_finished(wl: Mapping[str, Any], outcome: str, message: str, now: str) -> Object:
+    """The Workload marked ``Finished`` (``outcome``: Succeeded or Failed): Kueue frees its quota."""
+    out = _copy(wl)
+    conds: list[Object] = out.setdefault("status", {}).setdefault("conditions", [])
+    _set(conds, "Finished", "True", outcome, message, wl.get("metadata", {}).get("generation"), now)
+    return out
+
+
+def _copy(wl: Mapping[str, Any]) -> Object:
+    status = dict(wl.get("status") or {})
+    status["conditions"] = [dict(c) for c in status.get("conditions") or []]
+    return {**wl, "status": status}
+
+
+# -- I/O -------------------------------------------------------------------------------------------
+
+
+def _priority(ctx: context.Context, body: Mapping[str, Any]) -> tuple[str, int] | None:
+    name = priority_class(body)
+    if name is None:
+        return None
+    try:
+        found = ctx.kube.get(API, "WorkloadPriorityClass", None, name)
+    except KubeError as exc:
+        if exc.status == 403:
+            message = f"cannot read WorkloadPriorityClass {name}: {exc.message}"
+            raise ctx.problem(body, "KueueForbidden", message) from None
+        raise
+    if found is None:
+        raise ctx.problem(
+            body,
+            "PriorityClassNotFound",
+            f"metadata.labels[{PRIORITY_LABEL}]: WorkloadPriorityClass {name!r} does not exist",
+        )
+    return name, int(found.get("value", 0))
+
+
+def pods_left(ctx: context.Context, job: children.JobInput) -> int:
+    """How many pods of the job still exist (terminating ones included)."""
+    return len(ctx.kube.list("v1", "Pod", job.namespace, {names.JOB: job.name}))
+
+
+def admit(
+    ctx: context.Context, body: Mapping[str, Any], job: children.JobInput, queue: str, outcome: str | None
+) -> Hold | None:
+    """Keep the job's Workload in line with the job and return why the job must not run (None: run).
+
+    ``outcome`` is how the job ended (Succeeded / Failed), if it did: the Workload is then marked
+    Finished so that its quota is released.
+    """
+    kube, name = ctx.kube, names.workload(job.name)
+    problem = too_many_pod_sets(job, ctx.settings)
+    if problem is not None:
+        raise ctx.problem(body, "TooManyPodSets", problem)
+    try:
+        stored = kube.get(API, "Workload", job.namespace, name)
+    except KubeError as exc:
+        raise _kueue_problem(ctx, body, exc) from None
+    if stored is not None and not context.owned_by(stored, job.uid):
+        raise ctx.problem(body, "WorkloadNotOwned", f"Workload {name} exists and belongs to something else")
+    if outcome is not None:
+        if stored is not None and not finished(stored):
+            done = with_finished(stored, outcome, f"the EchoJob {outcome.lower()}", events.now_rfc3339())
+            kube.replace_status(API, "Workload", job.namespace, name, done)
+        return None
+    wanted = workload(job, ctx.settings, queue, _priority(ctx, body))
+    if stored is not None and holds_quota(stored) and not same_pods(stored, wanted) and not evicted(stored):
+        # The job now needs other pods than the quota was reserved for: queue it again, as Kueue does.
+        kube.delete(API, "Workload", job.namespace, name, uid=stored["metadata"]["uid"])
+        ctx.events.post(
+            body, "Normal", "WorkloadRecreated",
+            f"the job's pods changed while admitted: Workload {name} is made anew and queued again",
+        )  # fmt: skip
+        stored = None
+    if stored is None or not holds_quota(stored):
+        try:
+            stored = kube.apply(wanted)
+        except KubeError as exc:
+            raise _kueue_problem(ctx, body, exc) from None
+    elif (stored.get("spec") or {}).get("active") != wanted["spec"]["active"]:
+        stored = kube.apply(wanted)  # suspend or resume: only `active` may change while admitted
+    if evicted(stored) and pods_left(ctx, job) == 0:
+        kube.replace_status(API, "Workload", job.namespace, name, released(stored, events.now_rfc3339()))
+        ctx.events.post(
+            body, "Normal", "QuotaReleased",
+            f"every pod of the job is gone: Workload {name} gave its quota back to its ClusterQueue",
+        )  # fmt: skip
+    return hold(stored, queue, name)
+
+
+def _kueue_problem(ctx: context.Context, body: Mapping[str, Any], exc: KubeError) -> Exception:
+    if exc.status == 404:
+        return ctx.problem(
+            body,
+            "KueueNotInstalled",
+            f"metadata.labels[{QUEUE_LABEL}] asks for Kueue, but the API server does not serve {API} "
+            "Workloads: install Kueue or drop the label",
+        )
+    if exc.status in (403, 422):
+        return ctx.problem(
+            body, "WorkloadRejected", f"Workload {names.workload(body['metadata']['name'])}: {exc.message}"
+        )
+    return exc
+
+
+def current_hold(ctx: context.Context, job: children.JobInput, queue: str) -> tuple[Hold | None, bool]:
+    """What the stored Workload says now: the hold, and whether an eviction awaits its release."""
+    name = names.workload(job.name)
+    stored = ctx.kube.get(API, "Workload", job.namespace, name)
+    return hold(stored, queue, name), evicted(stored)

@@ -1,0 +1,273 @@
+"""Kueue admission: the Workload a queued job gets, and what the operator makes of Kueue's answer."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import textwrap
+from typing import Any
+
+import pytest
+
+from echo_operator import children, queueing
+from echo_operator import status as status_mod
+from echo_operator.config import Settings
+
+SETTINGS = Settings()
+NOW = "2026-12-04T08:00:00Z"
+EARLIER = "2026-12-04T07:00:00Z"
+
+
+def by_name(pod_sets: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {p["name"]: p for p in pod_sets}
+
+
+def container(pod_set: dict[str, Any]) -> dict[str, Any]:
+    [only] = pod_set["template"]["spec"]["containers"]
+    return only
+
+
+def test_pod_sets_charge_every_pod_the_job_runs_and_nothing_for_external_workers(make_job: Any) -> None:
+    sets = queueing.pod_sets(make_job(), SETTINGS)
+    # The manifest: 1 coordinator, 2 trainer nodes, gpu replicas 3, cpu unset (one pod), the shared
+    # swarm's 2 (this job is its only user), and the external Mac pool runs no pod in the cluster.
+    assert [(p["name"], p["count"]) for p in sets] == [
+        ("coordinator", 1),
+        ("trainer", 2),
+        ("gpu", 3),
+        ("cpu", 1),
+        ("shared", 2),
+    ]
+
+
+def test_pod_sets_carry_the_requests_and_placement_kueue_needs(make_job: Any) -> None:
+    sets = by_name(queueing.pod_sets(make_job(), SETTINGS))
+    gpu = sets["gpu"]["template"]["spec"]
+    assert container(sets["gpu"])["resources"]["requests"] == {"cpu": "8", "memory": "64Gi"}
+    assert gpu["nodeSelector"] == {"nvidia.com/gpu.product": "H100"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in gpu["tolerations"]
+    assert "nodeAffinity" in gpu["affinity"]
+    assert container(sets["cpu"])["resources"] == {"requests": {"cpu": "4"}, "limits": {"memory": "8Gi"}}
+    trainer = sets["trainer"]["template"]["spec"]
+    assert trainer["nodeSelector"] == {"echorl.dev/pool": "train"}
+    assert container(sets["trainer"])["resources"]["limits"]["nvidia.com/gpu"] == "2"  # gpusPerNode
+    # Only what places and charges a pod: no command, env or volumes travel into the Workload.
+    assert set(container(sets["gpu"])) == {"name", "image", "resources"}
+
+
+def test_a_suspended_held_or_finished_job_is_charged_for_the_pods_it_will_run(make_job: Any) -> None:
+    job = make_job()
+    held = dataclasses.replace(job, held=status_mod.Hold("Queued", "waiting"))
+    suspended = dataclasses.replace(job, spec=job.spec.model_copy(update={"suspend": True}))
+    assert not held.active and not suspended.active
+    for other in (held, suspended, dataclasses.replace(job, finished=True)):
+        assert queueing.pod_sets(other, SETTINGS) == queueing.pod_sets(job, SETTINGS)
+
+
+def test_the_workload_is_owned_by_the_job_and_names_its_queue_priority_and_activity(make_job: Any) -> None:
+    job = make_job(uid="u-7")
+    wl = queueing.workload(job, SETTINGS, "team-a", ("high", 1000))
+    assert (wl["apiVersion"], wl["kind"]) == ("kueue.x-k8s.io/v1beta2", "Workload")
+    assert wl["metadata"]["name"] == "echojob-demo" and wl["metadata"]["namespace"] == "ml"
+    [owner] = wl["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (
+        "EchoJob",
+        "demo",
+        "u-7",
+        True,
+    )
+    assert wl["spec"]["queueName"] == "team-a"
+    assert wl["spec"]["priority"] == 1000
+    assert wl["spec"]["priorityClassRef"] == {
+        "group": "kueue.x-k8s.io",
+        "kind": "WorkloadPriorityClass",
+        "name": "high",
+    }
+    assert wl["spec"]["active"] is True
+    plain = queueing.workload(
+        dataclasses.replace(job, spec=job.spec.model_copy(update={"suspend": True})), SETTINGS, "team-a", None
+    )
+    assert plain["spec"]["active"] is False  # spec.suspend deactivates it: Kueue gives its quota back
+    assert "priority" not in plain["spec"] and "priorityClassRef" not in plain["spec"]
+
+
+def test_queue_and_priority_come_from_kueues_own_labels() -> None:
+    body = {"metadata": {"labels": {"kueue.x-k8s.io/queue-name": "q", "kueue.x-k8s.io/priority-class": "p"}}}
+    assert (queueing.queue_name(body), queueing.priority_class(body)) == ("q", "p")
+    assert queueing.queue_name({"metadata": {}}) is None
+    assert queueing.queue_name({"metadata": {"labels": {"kueue.x-k8s.io/queue-name": ""}}}) is None
+
+
+def test_more_pod_sets_than_kueue_takes_is_refused_with_the_count(make_job: Any) -> None:
+    pools = "".join(f"\n  - name: p{i}\n    replicas: 1" for i in range(7))
+    text = textwrap.dedent(
+        """
+        apiVersion: echorl.dev/v1alpha1
+        kind: EchoJob
+        metadata: {name: wide, namespace: ml}
+        spec:
+          storage: {type: S3, endpoint: "minio:9000", bucket: echorl, credentialsSecret: creds}
+          inferenceSwarms:"""
+    )
+    job = make_job(text + pools)
+    message = queueing.too_many_pod_sets(job, SETTINGS)
+    assert message is not None and "at most 8" in message and "needs 9" in message
+    assert queueing.too_many_pod_sets(make_job(), SETTINGS) is None
+
+
+def cond(kind: str, status: str, reason: str = "R", message: str = "", when: str = EARLIER) -> dict[str, Any]:
+    return {"type": kind, "status": status, "reason": reason, "message": message, "lastTransitionTime": when}
+
+
+def workload(*conditions: dict[str, Any], admission: bool = False, active: bool = True) -> dict[str, Any]:
+    status: dict[str, Any] = {"conditions": list(conditions)}
+    if admission:
+        status["admission"] = {
+            "clusterQueue": "cq",
+            "podSetAssignments": [{"name": "coordinator", "count": 1}],
+        }
+    return {
+        "metadata": {"name": "echojob-demo", "generation": 3, "uid": "w-1"},
+        "spec": {"queueName": "q", "active": active},
+        "status": status,
+    }
+
+
+ADMITTED = (cond("QuotaReserved", "True", "QuotaReserved"), cond("Admitted", "True", "Admitted"))
+PREEMPTED = cond(
+    "Evicted", "True", "Preempted", "Preempted to accommodate a workload (UID: x) due to prioritization"
+)
+
+
+@pytest.mark.parametrize(
+    ("wl", "reason", "in_message"),
+    [
+        (None, "Queued", "not admitted yet"),
+        (
+            workload(
+                cond("QuotaReserved", "False", "Pending", "insufficient unused quota for cpu in flavor f")
+            ),
+            "Queued",
+            "insufficient unused quota for cpu",
+        ),
+        (workload(*ADMITTED), None, None),
+        (workload(*ADMITTED, PREEMPTED, admission=True), "Preempted", "Preempted to accommodate"),
+        (
+            workload(*ADMITTED, cond("Evicted", "True", "Deactivated", "deactivated"), admission=True),
+            "EvictedByKueue",
+            "Deactivated",
+        ),
+        (workload(cond("QuotaReserved", "False", "Pending"), active=False), "Deactivated", "spec.suspend"),
+        (workload(*ADMITTED, cond("Finished", "True", "Succeeded")), None, None),
+    ],
+    ids=["no-workload", "pending", "admitted", "preempted", "deactivated-evicted", "inactive", "finished"],
+)
+def test_the_job_runs_only_while_kueue_admits_it(
+    wl: dict[str, Any] | None, reason: str | None, in_message: str | None
+) -> None:
+    held = queueing.hold(wl, "q", "echojob-demo")
+    if reason is None:
+        assert held is None
+        return
+    assert held is not None and held.reason == reason
+    assert in_message is not None and in_message in held.message and "echojob-demo" in held.message
+
+
+def test_an_eviction_holds_quota_until_released() -> None:
+    evicted = workload(*ADMITTED, PREEMPTED, admission=True)
+    assert queueing.evicted(evicted) and queueing.holds_quota(evicted) and not queueing.admitted(evicted)
+    released = queueing.released(evicted, NOW)
+    assert not queueing.evicted(released) and not queueing.holds_quota(released)
+    assert not queueing.evicted(workload(*ADMITTED, admission=True))
+
+
+def conditions_of(wl: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in wl["status"]["conditions"]}
+
+
+def test_releasing_a_preempted_workload_gives_its_quota_back_and_requeues_it() -> None:
+    evicted = workload(*ADMITTED, PREEMPTED, admission=True)
+    before = copy.deepcopy(evicted)
+    out = queueing.released(evicted, NOW)
+    assert evicted == before  # pure: the stored object is not touched
+    assert "admission" not in out["status"]
+    c = conditions_of(out)
+    assert (c["QuotaReserved"]["status"], c["QuotaReserved"]["reason"]) == ("False", "Pending")
+    assert c["QuotaReserved"]["message"] == PREEMPTED["message"]
+    assert (c["Admitted"]["status"], c["Admitted"]["reason"]) == ("False", "NoReservation")
+    assert (c["Requeued"]["status"], c["Requeued"]["reason"]) == ("True", "Preempted")
+    assert c["Evicted"] == PREEMPTED  # left as Kueue wrote it
+    assert c["QuotaReserved"]["lastTransitionTime"] == NOW and c["Requeued"]["lastTransitionTime"] == NOW
+    assert all(c[k]["observedGeneration"] == 3 for k in ("QuotaReserved", "Admitted", "Requeued"))
+
+
+def test_a_deactivated_workload_is_released_without_requeueing() -> None:
+    evicted = workload(
+        *ADMITTED, cond("Evicted", "True", "Deactivated", "deactivated"), admission=True, active=False
+    )
+    c = conditions_of(queueing.released(evicted, NOW))
+    assert (c["Requeued"]["status"], c["Requeued"]["reason"]) == ("False", "Deactivated")
+
+
+def test_a_condition_keeps_its_transition_time_when_its_status_does_not_change() -> None:
+    already = workload(
+        cond("QuotaReserved", "False", "Pending", when=EARLIER),
+        cond("Admitted", "True", "Admitted"),
+        PREEMPTED,
+        admission=True,
+    )
+    c = conditions_of(queueing.released(already, NOW))
+    assert c["QuotaReserved"]["lastTransitionTime"] == EARLIER
+    assert c["Admitted"]["lastTransitionTime"] == NOW
+
+
+def test_a_finished_job_marks_its_workload_finished_and_keeps_the_admission() -> None:
+    wl = workload(*ADMITTED, admission=True)
+    out = queueing.with_finished(wl, "Succeeded", "the EchoJob succeeded", NOW)
+    c = conditions_of(out)
+    assert (c["Finished"]["status"], c["Finished"]["reason"]) == ("True", "Succeeded")
+    assert out["status"]["admission"] == wl["status"]["admission"]
+    assert queueing.finished(out) and not queueing.finished(wl)
+
+
+def test_kueues_defaults_are_not_a_change_but_other_pods_are(make_job: Any) -> None:
+    job = make_job()
+    wanted = queueing.workload(job, SETTINGS, "q", None)
+    stored = copy.deepcopy(wanted)
+    for pod_set in stored["spec"]["podSets"]:  # what the API server and Kueue add to a stored Workload
+        pod_set["template"]["metadata"] = {}
+        pod_set["minCount"] = None
+    stored["spec"]["maximumExecutionTimeSeconds"] = None
+    assert queueing.same_pods(stored, wanted)
+    bigger = copy.deepcopy(wanted)
+    bigger["spec"]["podSets"][2]["count"] = 4
+    assert not queueing.same_pods(bigger, wanted)
+    hungrier = copy.deepcopy(wanted)
+    hungrier["spec"]["podSets"][0]["template"]["spec"]["containers"][0]["resources"] = {
+        "requests": {"cpu": "9"}
+    }
+    assert not queueing.same_pods(hungrier, wanted)
+
+
+def test_status_says_why_kueue_holds_the_job(make_job: Any) -> None:
+    job = make_job()
+    hold = status_mod.Hold("Queued", "waiting for Kueue to admit Workload echojob-demo from LocalQueue q")
+    obs = status_mod.Observation(
+        generation=1, suspended=True, job=dataclasses.replace(job, held=hold), held=hold
+    )
+    conds = {c.type: c for c in status_mod.conditions(obs, {})}
+    assert (conds["Suspended"].status, conds["Suspended"].reason) == ("True", "Queued")
+    assert conds["Suspended"].message == hold.message
+    assert conds["Ready"].status == "False" and hold.message in conds["Ready"].message
+    assert conds["Progressing"].status == "False"
+    # A user's spec.suspend says so, whatever the queue says.
+    mine = dataclasses.replace(job, spec=job.spec.model_copy(update={"suspend": True}), held=hold)
+    conds = {c.type: c for c in status_mod.conditions(status_mod.Observation(1, True, mine, held=hold), {})}
+    assert conds["Suspended"].reason == "JobSuspended"
+
+
+def test_a_held_job_runs_no_process(make_job: Any) -> None:
+    held = dataclasses.replace(make_job(), held=status_mod.Hold("Queued", "waiting"))
+    objs = children.desired(held, SETTINGS)
+    assert not [o for o in objs if o["kind"] == "Job"]
+    assert all(o["spec"].get("replicas") == 0 for o in objs if o["kind"] == "Deployment")
