@@ -246,7 +246,7 @@ def released(wl: Mapping[str, Any], now: str) -> Object:
     gen = wl.get("metadata", {}).get("generation")
     _set(conds, "QuotaReserved", "False", "Pending", message, gen, now)
     _set(conds, "Admitted", "False", "NoReservation", "The workload has no reservation", gen, now)
-    _set(conds, "Requeued", "False", reason, message, gen, now)
+    _set(conds, "Requeued", "True" if reason in REQUEUED_AFTER else "False", reason, message, gen, now)
     return out
 
 
@@ -338,6 +338,23 @@ def admit(
             f"every pod of the job is gone: Workload {name} gave its quota back to its ClusterQueue",
         )  # fmt: skip
     return hold(stored, queue, name)
+
+
+def forget(ctx: context.Context, body: Mapping[str, Any], job: children.JobInput) -> None:
+    """The job no longer names a queue: delete its Workload, if it has one, so no quota stays held."""
+    name = names.workload(job.name)
+    try:
+        stored = ctx.kube.get(API, "Workload", job.namespace, name)
+    except KubeError as exc:
+        if exc.status in (403, 404):  # no Kueue API here, or not ours to read: nothing to forget
+            return
+        raise
+    if stored is not None and context.owned_by(stored, job.uid):
+        ctx.kube.delete(API, "Workload", job.namespace, name, uid=stored["metadata"]["uid"])
+        ctx.events.post(
+            body, "Normal", "WorkloadDeleted",
+            f"the job no longer names a queue ({QUEUE_LABEL}): Workload {name} is deleted and its quota freed",
+        )  # fmt: skip
 
 
 def _kueue_problem(ctx: context.Context, body: Mapping[str, Any], exc: KubeError) -> Exception:

@@ -123,6 +123,8 @@ class Reconciler:
         if queue is not None:
             held = queueing.admit(ctx, body, job, queue, outcome.type if outcome is not None else None)
             job = dataclasses.replace(job, held=held)
+        else:
+            queueing.forget(ctx, body, job)
         apply.apply_children(ctx, body, job, existing)
         # Issuing a MinIO service account takes most of a second: do it once the children exist
         # (pods wait for their Secret), and fall back to the job's own credentials if it fails.

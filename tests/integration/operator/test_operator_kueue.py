@@ -163,9 +163,14 @@ def test_kueue_admits_queues_preempts_and_resumes_echojobs(
             and wl_condition(wl, "Requeued").get("status") == "True"
             and "admission" not in wl.get("status", {})
         )
+        seen.append((wl.get("status"), shape(kube, ns, "low-a")))
         return wl if done and shape(kube, ns, "low-a") == STOPPED else None
 
-    wl = until(preempted, timeout=60)
+    seen: list[Any] = []
+    try:
+        wl = until(preempted, timeout=60)
+    except AssertionError:
+        raise AssertionError(f"not preempted; last seen {seen[-1]}") from None
     assert wl_condition(wl, "QuotaReserved")["status"] == "False"
     cond = until(lambda: ((c := suspended(kube, ns, "low-a"))["reason"] == "Preempted" and c) or None)
     assert cond["status"] == "True" and "echojob-low-a" in cond["message"]
@@ -201,6 +206,13 @@ def test_kueue_admits_queues_preempts_and_resumes_echojobs(
                == {"coordinator": 1, "cpu": 1} or None, timeout=30)  # fmt: skip
     assert wl_condition(workload(kube, ns, "low-a"), "Admitted")["status"] == "True"
     assert suspended(kube, ns, "low-b")["reason"] == "Queued"  # still no room for it
+
+    # 5. Out of the queue: without the label the job no longer waits, and its Workload is gone.
+    kubectl_ok(kube, "label", "echojob", "low-b", "-n", ns, "kueue.x-k8s.io/queue-name-")
+    until(lambda: shape(kube, ns, "low-b") == RUNNING or None, timeout=60)
+    gone = kube.kubectl("get", "workloads.kueue.x-k8s.io", "echojob-low-b", "-n", ns)
+    assert gone.returncode != 0 and "NotFound" in gone.stderr
+    assert "WorkloadDeleted" in reasons(kube, ns, "low-b")
 
 
 def test_a_missing_priority_class_or_queue_api_is_reported_on_the_field(
