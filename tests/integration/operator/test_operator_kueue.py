@@ -178,8 +178,10 @@ def test_kueue_admits_queues_preempts_and_resumes_echojobs(
 
     # 3. Queued behind a full quota: a third job waits, suspended, and says why.
     apply(kube, ns, job("low-b", storage, f"{ns}-low"))
+    # Kueue's own reason reaches the job's status (first "not admitted yet", then Kueue's message).
     cond = until(lambda: ((c := suspended(kube, ns, "low-b"))["reason"] == "Queued" and c) or None)
-    assert "insufficient" in cond["message"] and "LocalQueue team" in cond["message"]
+    assert "LocalQueue team" in cond["message"]
+    until(lambda: "insufficient" in suspended(kube, ns, "low-b")["message"] or None)
     assert shape(kube, ns, "low-b") == STOPPED
     ready = condition(get(kube, ns, "echojob", "low-b"), "Ready")
     assert ready["status"] == "False" and "held by its queue" in ready["message"]
