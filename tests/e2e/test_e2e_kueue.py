@@ -16,46 +16,14 @@ from e2e_kit import E2E, published
 from test_e2e_echojob import echojob
 
 from services.kueue import Kueue
+from services.kueue import queues as kueue_queues
 
 
 @pytest.fixture
 def queues(e2e: E2E, cluster_kueue: Kueue) -> Iterator[str]:
     """A flavor, a ClusterQueue for the test's namespace, its LocalQueue ``team``, two priorities."""
     ns = e2e.namespace
-    e2e.apply(
-        f"""
-        apiVersion: kueue.x-k8s.io/v1beta2
-        kind: ResourceFlavor
-        metadata: {{name: {ns}}}
-        ---
-        apiVersion: kueue.x-k8s.io/v1beta2
-        kind: ClusterQueue
-        metadata: {{name: {ns}}}
-        spec:
-          namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: {ns}}}}}
-          preemption: {{withinClusterQueue: LowerPriority}}
-          resourceGroups:
-          - coveredResources: [cpu, memory]
-            flavors:
-            - name: {ns}
-              resources: [{{name: cpu, nominalQuota: 600m}}, {{name: memory, nominalQuota: 8Gi}}]
-        ---
-        apiVersion: kueue.x-k8s.io/v1beta2
-        kind: LocalQueue
-        metadata: {{name: team}}
-        spec: {{clusterQueue: {ns}}}
-        ---
-        apiVersion: kueue.x-k8s.io/v1beta2
-        kind: WorkloadPriorityClass
-        metadata: {{name: {ns}-low}}
-        value: 100
-        ---
-        apiVersion: kueue.x-k8s.io/v1beta2
-        kind: WorkloadPriorityClass
-        metadata: {{name: {ns}-high}}
-        value: 1000
-        """
-    )
+    e2e.apply(kueue_queues(ns, ns, cpu="600m", memory="8Gi"))
     yield ns
     # The namespace (and its Workloads) goes with the e2e fixture; the cluster-scoped objects go here.
     e2e.kubectl("delete", "echojobs", "--all", "--wait=true", "--timeout=180s", check=False)

@@ -96,6 +96,45 @@ def config(workdir: Path, host: str, webhook_port: int, health_port: int) -> str
     return yaml.safe_dump(cfg, sort_keys=False)
 
 
+def queues(name: str, namespace: str, cpu: str, memory: str) -> str:
+    """What an admin sets up for a team: a ResourceFlavor and a ClusterQueue named ``name`` with that
+    much CPU and memory for ``namespace`` alone, preempting lower priorities; a LocalQueue ``team`` in
+    the namespace; WorkloadPriorityClasses ``<name>-low`` (100) and ``<name>-high`` (1000)."""
+    kueue = "apiVersion: kueue.x-k8s.io/v1beta2"
+    return f"""
+{kueue}
+kind: ResourceFlavor
+metadata: {{name: {name}}}
+---
+{kueue}
+kind: ClusterQueue
+metadata: {{name: {name}}}
+spec:
+  namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: {namespace}}}}}
+  preemption: {{withinClusterQueue: LowerPriority}}
+  resourceGroups:
+  - coveredResources: [cpu, memory]
+    flavors:
+    - name: {name}
+      resources: [{{name: cpu, nominalQuota: "{cpu}"}}, {{name: memory, nominalQuota: {memory}}}]
+---
+{kueue}
+kind: LocalQueue
+metadata: {{name: team, namespace: {namespace}}}
+spec: {{clusterQueue: {name}}}
+---
+{kueue}
+kind: WorkloadPriorityClass
+metadata: {{name: {name}-low}}
+value: 100
+---
+{kueue}
+kind: WorkloadPriorityClass
+metadata: {{name: {name}-high}}
+value: 1000
+"""
+
+
 @dataclass
 class Kueue:
     """A running Kueue manager."""

@@ -17,45 +17,9 @@ from kopf.testing import KopfRunner
 from operator_kit import apply, condition, eventually, get, kubectl_ok, reasons
 
 from services.kube import KubeApiServer
-from services.kueue import Kueue
+from services.kueue import Kueue, queues
 
 pytestmark = [pytest.mark.services, pytest.mark.usefixtures("delete_jobs")]
-
-
-def queues(ns: str) -> str:
-    """A flavor, a ClusterQueue of 2 CPUs that preempts lower priorities, a LocalQueue, two priorities."""
-    return f"""
-apiVersion: kueue.x-k8s.io/v1beta2
-kind: ResourceFlavor
-metadata: {{name: {ns}-flavor}}
----
-apiVersion: kueue.x-k8s.io/v1beta2
-kind: ClusterQueue
-metadata: {{name: {ns}-cq}}
-spec:
-  namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: {ns}}}}}
-  preemption: {{withinClusterQueue: LowerPriority}}
-  resourceGroups:
-  - coveredResources: [cpu, memory]
-    flavors:
-    - name: {ns}-flavor
-      resources: [{{name: cpu, nominalQuota: "2"}}, {{name: memory, nominalQuota: 64Gi}}]
----
-apiVersion: kueue.x-k8s.io/v1beta2
-kind: LocalQueue
-metadata: {{name: team, namespace: {ns}}}
-spec: {{clusterQueue: {ns}-cq}}
----
-apiVersion: kueue.x-k8s.io/v1beta2
-kind: WorkloadPriorityClass
-metadata: {{name: {ns}-low}}
-value: 100
----
-apiVersion: kueue.x-k8s.io/v1beta2
-kind: WorkloadPriorityClass
-metadata: {{name: {ns}-high}}
-value: 1000
-"""
 
 
 def job(name: str, storage: str, priority: str, queue: str = "team", suspend: bool = False) -> str:
@@ -135,7 +99,7 @@ def test_kueue_admits_queues_preempts_and_resumes_echojobs(
     bucket: str,
 ) -> None:
     kube, ns = kube_apiserver, kube_namespace
-    apply(kube, ns, queues(ns), "--server-side")
+    apply(kube, ns, queues(ns, ns, cpu="2", memory="64Gi"), "--server-side")
     storage = storage_yaml(bucket)
 
     # 1. Admitted: the job's Workload charges its pods to the queue and, once Kueue admits it, it runs.
@@ -147,7 +111,7 @@ def test_kueue_admits_queues_preempts_and_resumes_echojobs(
     counts = {p["name"]: p["count"] for p in wl["spec"]["podSets"]}
     assert counts == {"coordinator": 1, "trainer": 1, "cpu": 1}
     usage = eventually(
-        lambda: kube.kubectl_json("get", "clusterqueue", f"{ns}-cq")["status"]["flavorsUsage"][0]["resources"]
+        lambda: kube.kubectl_json("get", "clusterqueue", ns)["status"]["flavorsUsage"][0]["resources"]
     )
     assert {r["name"]: r["total"] for r in usage}["cpu"] == "1250m"
     assert suspended(kube, ns, "low-a")["status"] == "False"
