@@ -765,7 +765,7 @@ def _start(cluster: Cluster, timeout: float, t0: float) -> None:
         f"--authorization-kubeconfig={ms}", f"--bind-address={a.node_ip}",
         f"--secure-port={cluster_files.METRICS_SERVER_PORT}", f"--cert-dir={w / 'metrics-server'}",
         "--kubelet-preferred-address-types=InternalIP", "--kubelet-insecure-tls",
-        "--metric-resolution=10s", "--v=1",
+        "--metric-resolution=10s", "--kubelet-request-timeout=5s", "--v=1",
     ])  # fmt: skip
 
     # -- ready -----------------------------------------------------------------------------------
