@@ -18,6 +18,10 @@ from test_e2e_echojob import echojob
 from services.kueue import Kueue
 from services.kueue import queues as kueue_queues
 
+LOW_STEPS = 150
+"""Long enough that the preempted job is still training when it is preempted (the tiny model publishes
+about a version a second on this node, and preemption takes a few status passes)."""
+
 
 @pytest.fixture
 def queues(e2e: E2E, cluster_kueue: Kueue) -> Iterator[str]:
@@ -60,7 +64,7 @@ def cpu_used(e2e: E2E, queue: str) -> str:
 
 def test_kueue_preempts_a_running_job_which_then_resumes_from_its_checkpoint(e2e: E2E, queues: str) -> None:
     low, high = f"{queues}-low", f"{queues}-high"
-    e2e.apply(queued("kq-low", 36, "team", low))
+    e2e.apply(queued("kq-low", LOW_STEPS, "team", low))
     e2e.until("Kueue admits the job and its version advances", lambda: e2e.version("kq-low") >= 7)
     assert wl_condition(workload(e2e, "kq-low"), "Admitted")["status"] == "True"
     assert cpu_used(e2e, queues) == "450m"
@@ -104,6 +108,6 @@ def test_kueue_preempts_a_running_job_which_then_resumes_from_its_checkpoint(e2e
     e2e.note(f"kq-low re-admitted: {resumed.group(0)}")
     e2e.wait_condition("kq-low", "Succeeded")
     versions = published(e2e.store("kq-low/"), "kq-low")
-    assert sorted(versions) == list(range(1, 37))
+    assert sorted(versions) == list(range(1, LOW_STEPS + 1))
     assert wl_condition(workload(e2e, "kq-low"), "Finished")["reason"] == "Succeeded"
     e2e.until("the ClusterQueue empty again", lambda: cpu_used(e2e, queues) in ("0", "0m") or None)
