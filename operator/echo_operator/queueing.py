@@ -1,8 +1,8 @@
 """Kueue admission: the Workload the operator writes for a queued EchoJob, and what Kueue's answer means.
 
 An EchoJob labelled ``kueue.x-k8s.io/queue-name: Q`` runs only while Kueue admits it. The route is
-the one Kueue documents for a custom job kind whose controller is not Kueue's (AppWrapper, JobSet
-and Kubeflow Trainer's TrainJob do the same from Go): the operator writes one ``Workload``
+Kueue's own model for a job kind (one Workload per job, as its integrations for JobSet or Kubeflow
+Trainer's TrainJob keep, and as AppWrapper's controller keeps from outside Kueue): the operator writes one ``Workload``
 (``kueue.x-k8s.io/v1beta2``) per job, owned by it, whose pod sets are the pods the job will run —
 the coordinator, each in-cluster inference pool, the trainer's ranks — with their requests, node
 selectors and tolerations, and keeps every process scaled to zero until Kueue admits it. Kueue
