@@ -1,5 +1,6 @@
 """Kueue on the real node: a queued EchoJob is admitted, preempted (every pod gone, quota released) and
-resumed from its checkpoint, driven with kubectl as a cluster admin would.
+resumed from its checkpoint, and another waits behind the full quota, driven with kubectl as a
+cluster admin would.
 
 Kueue's manager runs in the cluster (``cluster_kueue``). The ClusterQueue has 600m CPU; each job asks
 for 450m (coordinator 250m, one worker and the trainer 100m each), so one job runs at a time.
@@ -90,6 +91,18 @@ def test_kueue_preempts_a_running_job_which_then_resumes_from_its_checkpoint(e2e
     assert wl_condition(wl, "Evicted")["reason"] == "Preempted"
     e2e.note(f"kq-low preempted at version {at} (checkpoint {checkpoint}); its pods gone, quota released")
     assert e2e.health("kq-low")[0] == "Suspended", e2e.health("kq-low")
+
+    # Queued behind the full quota: a new job waits, says why in Kueue's words, and runs no pod. (It
+    # goes again at once; deleted, its Workload goes with it and holds nothing.)
+    e2e.apply(queued("kq-wait", 1000, "team", low))
+    waiting = e2e.until(
+        "kq-wait queued behind the full quota",
+        lambda: "insufficient" in (c := e2e.condition("kq-wait", "Suspended")).get("message", "") and c,
+        timeout=120,
+    )
+    assert waiting["reason"] == "Queued" and not e2e.pods("echorl.dev/job=kq-wait")
+    e2e.note(f"kq-wait queued: {waiting['message'][:200]}")
+    e2e.kubectl("delete", "echojob", "kq-wait", "--wait=true", "--timeout=120s")
 
     # The high-priority job runs on that quota to Succeeded; its Workload is Finished, quota freed.
     e2e.wait_condition("kq-high", "Succeeded")
