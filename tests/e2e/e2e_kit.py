@@ -162,16 +162,24 @@ class E2E:
         address = self.kubectl(
             "-n", "echorl-system", "get", "svc", "minio", "-o", "jsonpath={.spec.clusterIP}", namespaced=False
         )  # fmt: skip
+        # A running trainer's retention may delete an object between the listing and the read: one that
+        # is gone by then is left out, as if it had not been listed.
         code = textwrap.dedent(
             f"""
             import json
             from minio import Minio
+            from minio.error import S3Error
             client = Minio({address + ":9000"!r}, access_key={MINIO_ACCESS!r}, secret_key={MINIO_SECRET!r}, secure=False)
             out = {{}}
             for o in client.list_objects({BUCKET!r}, prefix={prefix!r}, recursive=True):
                 body = None
                 if o.object_name.endswith(("/manifest.json", "/trainer-record.json")):
-                    body = json.loads(client.get_object({BUCKET!r}, o.object_name).read())
+                    try:
+                        body = json.loads(client.get_object({BUCKET!r}, o.object_name).read())
+                    except S3Error as exc:
+                        if exc.code != "NoSuchKey":
+                            raise
+                        continue
                 out[o.object_name] = body
             print(json.dumps(out))
             """
