@@ -43,9 +43,10 @@ GOOD: Mapping[str, Status] = {
 
 @dataclasses.dataclass(frozen=True)
 class Condition:
-    """One condition, before it gets its transition time."""
+    """One condition, before it gets its transition time: an EchoJob's (:data:`TYPES`) or one the
+    operator writes on another object (a Kueue Workload's, :mod:`echo_operator.queueing`)."""
 
-    type: ConditionType
+    type: str
     status: Status
     reason: str
     message: str

@@ -2,8 +2,8 @@
 
 An EchoJob labelled ``kueue.x-k8s.io/queue-name: Q`` runs only while Kueue admits it. The route is
 Kueue's own model for a job kind (one Workload per job, as its integrations for JobSet or Kubeflow
-Trainer's TrainJob keep, and as AppWrapper's controller keeps from outside Kueue): the operator writes one ``Workload``
-(``kueue.x-k8s.io/v1beta2``) per job, owned by it, whose pod sets are the pods the job will run —
+Trainer's TrainJob keep, and as AppWrapper's controller keeps from outside Kueue): the operator
+writes one ``Workload`` (``kueue.x-k8s.io/v1beta2``) per job, owned by it, whose pod sets are the pods the job will run —
 the coordinator, each in-cluster inference pool, the trainer's ranks — with their requests, node
 selectors and tolerations, and keeps every process scaled to zero until Kueue admits it. Kueue
 needs no webhook and no knowledge of EchoJobs for this, and ``spec.suspend`` stays the user's:
@@ -31,9 +31,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
-from echo_operator import children, context, events, names
+from echo_operator import children, conditions, context, events, names
+from echo_operator.conditions import Condition
 from echo_operator.config import Settings
 from echo_operator.kube import KubeError
 from echo_operator.status import Hold
@@ -211,56 +212,38 @@ def hold(wl: Mapping[str, Any] | None, queue: str, workload_name: str) -> Hold |
     )
 
 
-def _set(
-    conds: list[Object], kind: str, status: str, reason: str, message: str, generation: Any, now: str
-) -> None:
-    """Set a condition in place, keeping ``lastTransitionTime`` when its status does not change."""
-    for c in conds:
-        if c.get("type") == kind:
-            if c.get("status") != status:
-                c["lastTransitionTime"] = now
-            c.update(status=status, reason=reason, message=message, observedGeneration=generation)
-            return
-    conds.append(
-        {
-            "type": kind,
-            "status": status,
-            "reason": reason,
-            "message": message,
-            "observedGeneration": generation,
-            "lastTransitionTime": now,
-        }
-    )
-
-
 def released(wl: Mapping[str, Any], now: str) -> Object:
     """The evicted Workload with its quota given back (what Kueue's job reconciler writes once the
     job's pods are gone): no admission, ``QuotaReserved``/``Admitted`` False, ``Requeued`` True
     after a preemption (Kueue then queues it again) and False otherwise."""
-    out = _copy(wl)
-    status = out.setdefault("status", {})
-    status.pop("admission", None)
-    conds: list[Object] = status.setdefault("conditions", [])
     ev = _conditions(wl).get("Evicted", {})
-    reason, message = ev.get("reason", "Evicted"), ev.get("message", "evicted")
-    gen = wl.get("metadata", {}).get("generation")
-    _set(conds, "QuotaReserved", "False", "Pending", message, gen, now)
-    _set(conds, "Admitted", "False", "NoReservation", "The workload has no reservation", gen, now)
-    _set(conds, "Requeued", "True" if reason in REQUEUED_AFTER else "False", reason, message, gen, now)
+    reason, message = str(ev.get("reason", "Evicted")), str(ev.get("message", "evicted"))
+    out = _with_conditions(
+        wl,
+        [
+            Condition("QuotaReserved", "False", "Pending", message),
+            Condition("Admitted", "False", "NoReservation", "The workload has no reservation"),
+            Condition("Requeued", "True" if reason in REQUEUED_AFTER else "False", reason, message),
+        ],
+        now,
+    )
+    out["status"].pop("admission", None)
     return out
 
 
-def with_finished(wl: Mapping[str, Any], outcome: str, message: str, now: str) -> Object:
+def with_finished(
+    wl: Mapping[str, Any], outcome: Literal["Succeeded", "Failed"], message: str, now: str
+) -> Object:
     """The Workload marked ``Finished`` (``outcome``: Succeeded or Failed): Kueue frees its quota."""
-    out = _copy(wl)
-    conds: list[Object] = out.setdefault("status", {}).setdefault("conditions", [])
-    _set(conds, "Finished", "True", outcome, message, wl.get("metadata", {}).get("generation"), now)
-    return out
+    return _with_conditions(wl, [Condition("Finished", "True", outcome, message)], now)
 
 
-def _copy(wl: Mapping[str, Any]) -> Object:
+def _with_conditions(wl: Mapping[str, Any], new: list[Condition], now: str) -> Object:
+    """A copy of ``wl`` with ``new`` merged into its conditions (the operator's one merge rule:
+    transition times kept where the status did not change, Kueue's other conditions left alone)."""
     status = dict(wl.get("status") or {})
-    status["conditions"] = [dict(c) for c in status.get("conditions") or []]
+    generation = (wl.get("metadata") or {}).get("generation")
+    status["conditions"] = conditions.merge(status.get("conditions") or [], new, generation, now)
     return {**wl, "status": status}
 
 
@@ -293,7 +276,11 @@ def pods_left(ctx: context.Context, job: children.JobInput) -> int:
 
 
 def admit(
-    ctx: context.Context, body: Mapping[str, Any], job: children.JobInput, queue: str, outcome: str | None
+    ctx: context.Context,
+    body: Mapping[str, Any],
+    job: children.JobInput,
+    queue: str,
+    outcome: Literal["Succeeded", "Failed"] | None,
 ) -> Hold | None:
     """Keep the job's Workload in line with the job and return why the job must not run (None: run).
 

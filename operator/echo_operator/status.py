@@ -47,8 +47,6 @@ class Observation:
     """The newest generation whose children were applied (``observedGeneration``)."""
     suspended: bool
     job: children.JobInput | None
-    held: Hold | None = None
-    """Why Kueue keeps the job from running (queued, preempted), when it does."""
     problems: tuple[Problem, ...] = ()
     coordinator: wire.StatusDocument | None = None
     coordinator_error: str | None = None
@@ -144,8 +142,9 @@ def pool_statuses(obs: Observation) -> list[Object]:
 
 
 def _suspended(obs: Observation) -> Condition:
-    if obs.held is not None and not (obs.job is not None and obs.job.spec.suspend):
-        return Condition("Suspended", "True", obs.held.reason, obs.held.message)
+    held = _queue_hold(obs)
+    if held is not None:
+        return Condition("Suspended", "True", held.reason, held.message)
     if obs.suspended:
         return Condition(
             "Suspended",
@@ -156,9 +155,16 @@ def _suspended(obs: Observation) -> Condition:
     return Condition("Suspended", "False", "NotSuspended", "the job runs")
 
 
+def _queue_hold(obs: Observation) -> Hold | None:
+    """Why Kueue keeps the job from running, unless the user's ``spec.suspend`` is the reason."""
+    job = obs.job
+    return job.held if job is not None and not job.spec.suspend else None
+
+
 def _why_suspended(obs: Observation) -> str:
-    if obs.held is not None and not (obs.job is not None and obs.job.spec.suspend):
-        return f"the job is held by its queue: {obs.held.message}"
+    held = _queue_hold(obs)
+    if held is not None:
+        return f"the job is held by its queue: {held.message}"
     return "the job is suspended"
 
 

@@ -228,7 +228,6 @@ def write_status(
     obs = status_mod.Observation(
         generation=observed_generation(mem.applied_generation, previous),
         suspended=bool((body.get("spec") or {}).get("suspend")) or (job is not None and job.held is not None),
-        held=job.held if job is not None else None,
         job=job,
         problems=mem.problems,
         coordinator=doc,

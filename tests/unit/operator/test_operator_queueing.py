@@ -252,9 +252,7 @@ def test_kueues_defaults_are_not_a_change_but_other_pods_are(make_job: Any) -> N
 def test_status_says_why_kueue_holds_the_job(make_job: Any) -> None:
     job = make_job()
     hold = status_mod.Hold("Queued", "waiting for Kueue to admit Workload echojob-demo from LocalQueue q")
-    obs = status_mod.Observation(
-        generation=1, suspended=True, job=dataclasses.replace(job, held=hold), held=hold
-    )
+    obs = status_mod.Observation(generation=1, suspended=True, job=dataclasses.replace(job, held=hold))
     conds = {c.type: c for c in status_mod.conditions(obs, {})}
     assert (conds["Suspended"].status, conds["Suspended"].reason) == ("True", "Queued")
     assert conds["Suspended"].message == hold.message
@@ -262,7 +260,7 @@ def test_status_says_why_kueue_holds_the_job(make_job: Any) -> None:
     assert conds["Progressing"].status == "False"
     # A user's spec.suspend says so, whatever the queue says.
     mine = dataclasses.replace(job, spec=job.spec.model_copy(update={"suspend": True}), held=hold)
-    conds = {c.type: c for c in status_mod.conditions(status_mod.Observation(1, True, mine, held=hold), {})}
+    conds = {c.type: c for c in status_mod.conditions(status_mod.Observation(1, True, mine), {})}
     assert conds["Suspended"].reason == "JobSuspended"
 
 
