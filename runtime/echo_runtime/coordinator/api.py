@@ -315,7 +315,7 @@ async def handle_batch(svc: Service, incoming: Incoming) -> wire.BatchReply:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + req.wait_seconds
     while True:
-        reply = svc.state.pull_batch(req.version, svc.clock())
+        reply = svc.state.pull_batch(req.version, svc.clock(), req.step_seconds)
         svc.notify_work()  # a Sequential round opened, or a batch taken made room in the Async buffer
         remaining = deadline - loop.time()
         if reply.ready or remaining <= 0 or await incoming.disconnected():

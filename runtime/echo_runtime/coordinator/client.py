@@ -423,27 +423,35 @@ class TrainerClient:
         body = wire.QuarantineRequest(worker_id=worker_id, reason=reason, version=version, mismatch=mismatch)
         return self._t.call("POST", "/v1/trainer/quarantine", wire.QuarantineReply, body)
 
-    def batch(self, version: int, wait: float = 20.0) -> wire.BatchReply:
+    def batch(self, version: int, wait: float = 20.0, step_seconds: float | None = None) -> wire.BatchReply:
         """One long-poll for the batch of step ``version -> version+1`` (``ready`` may be False)."""
         return self._t.call(
             "POST",
             "/v1/trainer/batches",
             wire.BatchReply,
-            wire.BatchRequest(version=version, wait_seconds=wait),
+            wire.BatchRequest(version=version, wait_seconds=wait, step_seconds=step_seconds),
             timeout=wait + self._t.timeout,
         )
 
     def wait_batch(
-        self, version: int, policy: staleness.StalenessPolicy | None = None, timeout: float | None = None
+        self,
+        version: int,
+        policy: staleness.StalenessPolicy | None = None,
+        timeout: float | None = None,
+        *,
+        step_seconds: float | None = None,
     ) -> wire.BatchReply:
         """Long-poll until the batch for ``version`` is ready (checked with :func:`check_batch` when
-        ``policy`` is given); :class:`TimeoutError` after ``timeout`` seconds."""
+        ``policy`` is given); :class:`TimeoutError` after ``timeout`` seconds. ``step_seconds``: the
+        trainer's own time for its last version (:class:`wire.BatchRequest`)."""
         started = time.monotonic()
         while True:
             left = None if timeout is None else timeout - (time.monotonic() - started)
             if left is not None and left <= 0:
                 raise TimeoutError(f"no batch for version {version} within {timeout}s")
-            reply = self.batch(version, wait=20.0 if left is None else max(0.0, min(20.0, left)))
+            reply = self.batch(
+                version, wait=20.0 if left is None else max(0.0, min(20.0, left)), step_seconds=step_seconds
+            )
             if reply.ready:
                 if policy is not None:
                     check_batch(reply, policy)

@@ -709,12 +709,14 @@ class CoordinatorState:
             self.last_batch, self._last_taken = None, []
         return wire.QuarantineReply(dropped_groups=len(doomed) + len(handed), released_leases=released)
 
-    def pull_batch(self, version: int, now: float) -> wire.BatchReply:
+    def pull_batch(self, version: int, now: float, step_seconds: float | None = None) -> wire.BatchReply:
         """The batch for the step ``version -> version+1``, or ``ready=False`` if not enough groups yet.
 
         One batch per version: asking again at the version of the last batch returns that batch again
         (a retry after a lost reply), so the step consumes it exactly once — unless a quarantine
-        withdrew it, in which case a new one is assembled."""
+        withdrew it, in which case a new one is assembled. ``step_seconds``: the trainer's own time for
+        its last version, when it says (a prefetching trainer); otherwise the time from the last batch
+        taken to this first request stands for it."""
         if self.last_batch is not None and version == self.last_batch.version:
             return self.last_batch
         if version < self.t_train:
@@ -727,7 +729,10 @@ class CoordinatorState:
             )
         self._advance(version)
         if self._asked is None or self._asked[0] != version:  # its first request for this step
-            if (
+            if step_seconds is not None:
+                own = self.trainer_seconds
+                self.trainer_seconds = step_seconds if own is None else 0.8 * own + 0.2 * step_seconds
+            elif (
                 self._last_take_at is not None
                 and self.last_batch is not None
                 and self.last_batch.version == version - 1

@@ -245,6 +245,10 @@ class BatchRequest(WireModel):
     """The trainer's version t: the batch is consumed by the step t → t+1."""
     wait_seconds: float = Field(default=0.0, ge=0.0, le=60.0)
     """Long-poll: hold the request up to this long for a full batch."""
+    step_seconds: float | None = Field(default=None, ge=0.0, le=86400.0)
+    """The trainer's own time for its last version (step, export, checkpoint). A trainer that asks for
+    the next batch while its step runs (prefetch) says it, because the coordinator cannot tell it from
+    the gap between a batch taken and the next request; pacing plans generation at this pace."""
 
 
 class RolloutOut(WireModel):

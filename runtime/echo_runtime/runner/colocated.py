@@ -61,7 +61,9 @@ class _NoCoordinator:
     def announce(self, version: int) -> None:
         return None
 
-    def wait_batch(self, version: int, policy: Any = None, timeout: float | None = None) -> Any:
+    def wait_batch(
+        self, version: int, policy: Any = None, timeout: float | None = None, *, step_seconds: Any = None
+    ) -> Any:
         raise NotImplementedError("a Colocated run samples its own batches")
 
     def quarantine(self, worker_id: str, reason: str, *, version: int, mismatch: float | None = None) -> None:

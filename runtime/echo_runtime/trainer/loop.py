@@ -7,8 +7,13 @@ One iteration, on every rank of the data-parallel group (rank 0 alone does the I
                                                         # are quarantined and their groups removed
     all:    plan  = plan_step(batch, staleness policy)  # the trainer's own admission check
     all:    train_step(plan)                            # micro-batches, DDP all-reduce, AdamW
-    rank 0: store.publish(t + 1, snapshot files); coordinator.announce(t + 1)
+    rank 0: export t + 1 to files; then, in a thread: store.publish(t + 1); coordinator.announce(t + 1)
     all:    every checkpointInterval versions (and at the last one): checkpoint through the store
+
+The trainer does not wait on I/O it can overlap (:mod:`.overlap`): the batch of ``t + 1`` is fetched
+while the step ``t → t + 1`` runs, and the upload and announcement of ``t + 1`` happen while the next
+step runs. ``LoopOptions.overlap_io=False`` does both in line, one after the other (benchmarks compare
+the two side by side).
 
 Promises:
 
@@ -18,7 +23,8 @@ Promises:
   Without ``resume`` a store that already holds versions or checkpoints of the job is an error, never
   silently continued or overwritten.
 * **Publish, then announce.** A version is announced only after the store has it, so a worker told to
-  load it can.
+  load it can; versions are announced in order (one publish in flight at a time), and a checkpoint of
+  a version is written only after the version itself is published.
 * **Nothing too stale is trained on.** Every group goes through
   :func:`echo_runtime.staleness.admit` again here; refused groups are dropped (and logged as
   errors: the coordinator applies the same rule, so any is a bug or a mismatched manifest). A batch with
@@ -29,7 +35,7 @@ Promises:
   step; a batch left empty is replaced by a new one at the same version.
 * A clean end (``maxSteps`` reached) always leaves a checkpoint of the last version.
 * Each step's metrics go to the log and, when a metrics file is given, as one JSON record
-  (``kind: "trainer"``) per version, including the per-backend log-prob mismatch, the rollouts trained
+  (``kind: "trainer"``) per version, written once the version is published, including the per-backend log-prob mismatch, the rollouts trained
   on per worker and the log-prob checks. The record also travels inside the version's snapshot
   (``trainer-record.json``), so a trainer killed between publishing a version and writing its record
   writes it when it resumes (marked ``recovered``): every version has exactly one record.
@@ -38,11 +44,13 @@ Promises:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -51,7 +59,7 @@ from echo_runtime.coordinator import wire
 from echo_runtime.models.prompts import Prompt, PromptStyle
 from echo_runtime.spec.load import ResolvedJob
 from echo_runtime.trainer import checkpoint as ckpt
-from echo_runtime.trainer import distributed, step, verify
+from echo_runtime.trainer import distributed, overlap, step, verify
 from echo_runtime.trainer.batch import Batch, batch_from_wire, shard
 from echo_runtime.trainer.policy import TrainablePolicy, load_policy
 
@@ -67,7 +75,12 @@ class Coordinator(Protocol):
     def announce(self, version: int) -> Any: ...
 
     def wait_batch(
-        self, version: int, policy: staleness.StalenessPolicy | None = None, timeout: float | None = None
+        self,
+        version: int,
+        policy: staleness.StalenessPolicy | None = None,
+        timeout: float | None = None,
+        *,
+        step_seconds: float | None = None,
     ) -> wire.BatchReply: ...
 
     def quarantine(
@@ -112,6 +125,10 @@ class LoopOptions:
     """Give up waiting for one batch after this long (None: wait as long as it takes)."""
     on_step: Callable[[step.StepMetrics], None] | None = None
     """Called on rank 0 after each published step (tests, progress bars)."""
+    overlap_io: bool = True
+    """Fetch the next batch and upload the last snapshot while a step runs (:mod:`.overlap`); False
+    does them in line (to measure what overlapping saves). The batch timeout then starts with the
+    prefetch, that is with the step before."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,15 +172,68 @@ def run(
             else None
         )
         version, done = start, []
+        main = world.is_main and store is not None and coordinator is not None
+        prefetch: overlap.Prefetch[wire.BatchReply] = overlap.Prefetch()
+        publisher = (
+            overlap.Publisher(
+                lambda v, files: upload_version(trainer, store, v, files),  # type: ignore[arg-type]
+                coordinator.announce,  # type: ignore[union-attr]
+            )
+            if main
+            else None
+        )
+        finals: dict[int, tuple[dict[str, Any], step.StepMetrics]] = {}
+        uploads: dict[int, float] = {}
+
+        def published(finished: overlap.Published | None) -> None:
+            if finished is not None:
+                uploads[finished.version] = finished.upload_seconds
+
+        def write_records() -> None:
+            """Write, in order, the records of every version that is published and whose step is done."""
+            for v in sorted(finals):
+                if v not in uploads:
+                    break
+                record, stepped = finals.pop(v)
+                record = {**record, "publishUploadSeconds": uploads.pop(v)}
+                _log.info("step %s", json.dumps(record, sort_keys=True))
+                if metrics_file is not None:
+                    metrics_file.write(json.dumps(record, sort_keys=True) + "\n")
+                    metrics_file.flush()
+                if options.on_step is not None:
+                    options.on_step(stepped)
+
+        own_seconds: float | None = None
         try:
-            if world.is_main and coordinator is not None:
+            if main:
+                assert coordinator is not None
                 coordinator.announce(version)
             while version < max_steps:
                 waited = time.perf_counter()
-                batch, checked = _next_batch(trainer, coordinator, world, version, options.batch_timeout_s)
+                batch, checked = _next_batch(
+                    trainer,
+                    coordinator,
+                    world,
+                    version,
+                    options.batch_timeout_s,
+                    prefetched=prefetch.take(version),
+                    step_seconds=own_seconds,
+                )
                 waited = time.perf_counter() - waited
                 plan = step.plan_step(batch, policy_rule)
                 _check_plan(plan)
+                began = time.perf_counter()
+                if main and options.overlap_io and version + 1 < max_steps:
+                    assert coordinator is not None
+                    prefetch.start(
+                        version + 1,
+                        functools.partial(
+                            coordinator.wait_batch,
+                            version + 1,
+                            timeout=options.batch_timeout_s,
+                            step_seconds=own_seconds,
+                        ),
+                    )
                 metrics = step.train_step(
                     trainer.policy,
                     trainer.optimizer,
@@ -176,23 +246,36 @@ def run(
                 version += 1
                 timings = {"batchSeconds": waited, "publishSeconds": 0.0, "checkpointSeconds": 0.0}
                 record = metrics_record(metrics, timings, checked, trainer)
-                if world.is_main:
-                    assert store is not None and coordinator is not None
-                    timings["publishSeconds"] = publish_version(
-                        trainer, store, coordinator, version, scratch, record=record
-                    )
+                if main:
+                    assert store is not None and coordinator is not None and publisher is not None
+                    blocked = time.perf_counter()
+                    if options.overlap_io:
+                        folder = Path(tempfile.mkdtemp(dir=scratch, prefix=f"snapshot-{version}-"))
+                        files = export_version(trainer, folder, record)
+                        published(publisher.submit(version, folder, files))
+                    else:
+                        uploads[version] = publish_version(
+                            trainer, store, coordinator, version, scratch, record=record
+                        )
+                    timings["publishSeconds"] = time.perf_counter() - blocked
                 if version % interval == 0 or version == max_steps:
-                    timings["checkpointSeconds"] = checkpoint_version(trainer, store, world, version, scratch)
+                    blocked = time.perf_counter()
+                    if publisher is not None:
+                        published(publisher.wait())  # a checkpoint follows its version's snapshot
+                    checkpoint_version(trainer, store, world, version, scratch)
+                    timings["checkpointSeconds"] = time.perf_counter() - blocked
+                own_seconds = time.perf_counter() - began
                 done.append(metrics)
-                if world.is_main:
-                    record = {**record, **timings}
-                    _log.info("step %s", json.dumps(record, sort_keys=True))
-                    if metrics_file is not None:
-                        metrics_file.write(json.dumps(record, sort_keys=True) + "\n")
-                        metrics_file.flush()
-                    if options.on_step is not None:
-                        options.on_step(metrics)
+                if main:
+                    finals[version] = ({**record, **timings}, metrics)
+                    write_records()
+            if publisher is not None:
+                published(publisher.wait())
+                write_records()
         finally:
+            prefetch.close()
+            if publisher is not None:
+                publisher.close()
             if metrics_file is not None:
                 metrics_file.close()
     return RunResult(start_version=start, version=version, steps=tuple(done))
@@ -347,13 +430,22 @@ def _next_batch(
     world: distributed.World,
     version: int,
     timeout: float | None,
+    *,
+    prefetched: Future[wire.BatchReply] | None = None,
+    step_seconds: float | None = None,
 ) -> tuple[Batch, verify.Checked | None]:
-    """Rank 0 fetches the batch for ``version``, checks it, and broadcasts it to every rank."""
+    """Rank 0 fetches the batch for ``version`` (or collects the one ``prefetched`` during the previous
+    step), checks it against the current weights, and broadcasts it to every rank. ``step_seconds``, the
+    trainer's own time for its last version, tells the coordinator the pace to plan generation for."""
 
     def fetch() -> tuple[Batch, verify.Checked | None]:
         assert coordinator is not None
+        pending = prefetched
         while True:
-            reply = coordinator.wait_batch(version, timeout=timeout)
+            if pending is not None:
+                reply, pending = pending.result(), None
+            else:
+                reply = coordinator.wait_batch(version, timeout=timeout, step_seconds=step_seconds)
             if reply.version != version:
                 raise RuntimeError(f"asked for the batch at version {version}, got one for {reply.version}")
             groups = [g.model_dump(by_alias=True) for g in reply.groups]
@@ -398,14 +490,25 @@ def publish_version(
     ``record`` (the step's metrics) travels inside the snapshot as :data:`RECORD_FILE`."""
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=scratch, prefix=f"snapshot-{version}-") as out:
-        files = dict(trainer.policy.export_snapshot(out))
-        if record is not None:
-            path = Path(out) / RECORD_FILE
-            path.write_text(json.dumps(record, sort_keys=True), encoding="utf-8")
-            files[RECORD_FILE] = path
-        store.publish(version, files, kind=trainer.policy.snapshot_kind, base_model=trainer.base_model)
+        upload_version(trainer, store, version, export_version(trainer, Path(out), record))
     coordinator.announce(version)
     return time.perf_counter() - started
+
+
+def export_version(trainer: Trainer, folder: Path, record: dict[str, Any] | None = None) -> dict[str, Path]:
+    """Write the policy's current weights (and the step's ``record``) into ``folder``; return the
+    snapshot's files (name → path)."""
+    files = dict(trainer.policy.export_snapshot(folder))
+    if record is not None:
+        path = folder / RECORD_FILE
+        path.write_text(json.dumps(record, sort_keys=True), encoding="utf-8")
+        files[RECORD_FILE] = path
+    return files
+
+
+def upload_version(trainer: Trainer, store: Store, version: int, files: dict[str, Path]) -> None:
+    """Publish the exported ``files`` as ``version`` (atomic; raises if the version exists)."""
+    store.publish(version, files, kind=trainer.policy.snapshot_kind, base_model=trainer.base_model)
 
 
 def checkpoint_version(

@@ -24,6 +24,10 @@ def _run(job: spec.ResolvedJob, coordinator: ScriptedCoordinator, **options: Any
     return loop.run(job, coordinator=coordinator, store=store, options=loop.LoopOptions(**options))
 
 
+def _store(job: spec.ResolvedJob) -> Any:
+    return open_store(job.spec.storage, job.name)
+
+
 def _adapter(job: spec.ResolvedJob, version: int, cache: Path) -> dict[str, torch.Tensor]:
     store = open_store(job.spec.storage, job.name)
     return payloads.load_lora_adapter(store.fetch(version, cache)).tensors
@@ -48,6 +52,43 @@ def test_every_step_publishes_the_next_version(tiny_model_dir: str, tmp_path: Pa
     assert records[0]["logprobMismatch"]["transformers"]["sequences"] == 6
     assert records[1]["checkpointSeconds"] > 0 and records[0]["checkpointSeconds"] == 0
     assert records[2]["kl"] > 0
+
+
+def test_the_next_batch_is_fetched_while_the_step_runs_and_announced_versions_stay_in_order(
+    tiny_model_dir: str, tmp_path: Path
+) -> None:
+    """Overlapped I/O (the default): the batch of v + 1 is asked for before v + 1 is announced (the step
+    and the upload run meanwhile); announcements stay in order; from the second request on the
+    coordinator is told the trainer's own time per version; each record is written once, in order."""
+    job = make_job(tmp_path, tiny_model_dir, interval=10, max_steps=4)
+    coordinator = ScriptedCoordinator()
+    _run(job, coordinator, metrics_path=tmp_path / "metrics.jsonl")
+    events = coordinator.events
+    assert coordinator.announced == [0, 1, 2, 3, 4] and coordinator.asked == [0, 1, 2, 3]
+    for v in (1, 2, 3):
+        assert events.index(("ask", v)) < events.index(("announce", v)), events
+    told = coordinator.step_seconds
+    assert told[:2] == [None, None] and all(t is not None and t > 0 for t in told[2:]), told
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["policyVersion"] for r in records] == [1, 2, 3, 4]
+    assert all(r["publishUploadSeconds"] > 0 and r["publishSeconds"] > 0 for r in records)
+    assert _store(job).versions() == [1, 2, 3, 4] and _store(job).checkpoints() == [4]
+
+
+def test_overlapped_io_trains_exactly_what_the_inline_loop_trains(
+    tiny_model_dir: str, tmp_path: Path
+) -> None:
+    inline = make_job(tmp_path / "a", tiny_model_dir, interval=2, max_steps=4)
+    plain = ScriptedCoordinator()
+    _run(inline, plain, overlap_io=False)
+    overlapped = make_job(tmp_path / "b", tiny_model_dir, interval=2, max_steps=4)
+    _run(overlapped, ScriptedCoordinator())
+    events = plain.events
+    assert all(events.index(("announce", v)) < events.index(("ask", v)) for v in (1, 2, 3)), events
+    a, b = _adapter(inline, 4, tmp_path / "ca"), _adapter(overlapped, 4, tmp_path / "cb")
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=0, atol=0)
 
 
 def test_resume_after_a_clean_stop_is_exact(tiny_model_dir: str, tmp_path: Path) -> None:

@@ -49,20 +49,31 @@ class ScriptedCoordinator:
     def __init__(self, fail_at: int | None = None, stale_by: int = 0) -> None:
         self.announced: list[int] = []
         self.asked: list[int] = []
+        self.events: list[tuple[str, int]] = []
+        """("ask", v) and ("announce", v) in the order they happened."""
+        self.step_seconds: list[float | None] = []
         self.fail_at = fail_at
         self.stale_by = stale_by
 
     def announce(self, version: int) -> wire.AnnounceReply:
         self.announced.append(version)
+        self.events.append(("announce", version))
         return wire.AnnounceReply(policy_version=version, dropped_stale=0)
 
     def quarantine(self, worker_id: str, reason: str, *, version: int, mismatch: float | None = None) -> None:
         raise AssertionError(f"no check runs on scripted batches, yet worker {worker_id} was quarantined")
 
     def wait_batch(
-        self, version: int, policy: staleness.StalenessPolicy | None = None, timeout: float | None = None
+        self,
+        version: int,
+        policy: staleness.StalenessPolicy | None = None,
+        timeout: float | None = None,
+        *,
+        step_seconds: float | None = None,
     ) -> wire.BatchReply:
         self.asked.append(version)
+        self.events.append(("ask", version))
+        self.step_seconds.append(step_seconds)
         if version == self.fail_at:
             raise ConnectionError(f"scripted crash at version {version}")
         rng = random.Random(version)

@@ -164,3 +164,84 @@ def test_a_stragglers_lease_gives_its_place_to_a_worker_that_delivers() -> None:
     s.announce(2)
     late = s.submit(stuck, held[0].task_id, group(s, held[0], 1), 9.0)
     assert late.outcome == "dropped" and s.requeued_prompts == 1
+
+
+class PrefetchingSwarm(Swarm):
+    """A trainer that asks for the batch of ``v + 1`` as soon as it starts the step to ``v + 1``, before
+    ``v + 1`` is published and announced (trainer/overlap.py); the announcement comes later, whenever the
+    background upload finishes, but before the next step's publish (one publish in flight)."""
+
+    def __init__(self, s: state.CoordinatorState, workers: int, capacity: int) -> None:
+        super().__init__(s, workers, capacity)
+        self.held_batch: wire.BatchReply | None = None
+        self.announced = 0
+        self.prefetched = 0
+        """Steps whose next batch was ready the moment the step started (the trainer never waits)."""
+
+    def train(self) -> None:
+        if self.held_batch is None:
+            batch = self.s.pull_batch(self.version, 0.0, step_seconds=1.0)
+            if not batch.ready:
+                return
+            policy = self.s.config.policy
+            assert len(batch.groups) == self.s.config.batch_size
+            for g in batch.groups:
+                assert staleness.admit(g.policy_version, self.version, policy).consume
+                assert g.policy_version <= self.announced, "a group claims a version nobody announced"
+                self.consumed.append(g.problem_id)
+            self.held_batch = batch
+            return
+        if self.announced < self.version:  # the previous publish finishes before this step's starts
+            self.publish(0)
+        self.held_batch = None  # the step runs; the batch of version + 1 is asked for at once
+        self.batches += 1
+        self.version += 1
+        self.train()
+        self.prefetched += self.held_batch is not None
+
+    def publish(self, _i: int) -> None:
+        if self.announced < self.version:
+            self.announced = self.version
+            self.s.announce(self.version)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    dmax=st.integers(0, 3),
+    batch=st.integers(1, 4),
+    workers=st.integers(1, 3),
+    capacity=st.integers(1, 8),
+    moves=st.lists(
+        st.tuples(st.sampled_from(["lease", "submit", "train", "publish"]), st.integers(0, 2)), max_size=160
+    ),
+)
+def test_a_trainer_that_asks_before_it_announces_keeps_the_bound_and_loses_no_prompt(
+    dmax: int, batch: int, workers: int, capacity: int, moves: list[tuple[str, int]]
+) -> None:
+    s = make_state(config("Async", dmax, batch_size=batch, capacity=2 * batch + 2, group_size=2))
+    swarm = PrefetchingSwarm(s, workers, capacity)
+    for move, i in moves:
+        getattr(swarm, move)(i) if move != "train" else swarm.train()
+    drawn = set(swarm.problem_of.values())
+    outstanding = [e.payload.problem.id for e in s.ledger.outstanding_entries()]
+    assert drawn <= set(swarm.consumed) | set(outstanding), "a prompt was drawn and then lost"
+    taken = swarm.batches + (swarm.held_batch is not None)
+    assert len(swarm.consumed) == len(set(swarm.consumed)) == taken * batch
+    assert s.trainer_seconds in (None, 1.0)  # the pace it was told, not the gap between requests
+
+
+@pytest.mark.parametrize("dmax", [1, 2, 4])
+def test_with_room_in_the_bound_the_prefetched_batch_is_ready_when_the_step_starts(dmax: int) -> None:
+    """Workers that keep up and Δmax ≥ 1: the batch of v + 1 can be generated at v, so it is ready the
+    moment the step to v + 1 starts, before v + 1 is published; pacing, told the trainer's pace, drops
+    nothing. (At Δmax 0 the batch of v + 1 needs v + 1 published: the trainer waits for generation.)"""
+    s = make_state(config("Async", dmax, batch_size=4, capacity=16, group_size=2))
+    swarm = PrefetchingSwarm(s, workers=2, capacity=8)
+    for _ in range(30):
+        for i in range(10):
+            swarm.lease(i)
+            swarm.submit(i)
+        swarm.train()
+        swarm.publish(0)
+    assert swarm.batches == 29 and swarm.prefetched == swarm.batches
+    assert s.dropped_stale == 0 and 1 <= (s.max_observed_staleness or 0) <= dmax
