@@ -205,6 +205,12 @@ def show(
         ("data", doc.data),
     ]:
         click.echo(f"  {label + ':':<12}{value}")
+    if doc.delta is not None:
+        full = sum(f.size for f in doc.delta.files)
+        click.echo(
+            f"  {'delta:':<12}changes against version {doc.delta.base} (anchor {doc.delta.anchor}); "
+            f"full weights {_size(full)}"
+        )
     if not checkpoint:
         now = st.blobs.now()
         held = [p for p in st.pins() if p.version == number]
@@ -258,6 +264,7 @@ def gc(
     click.echo(
         f"  versions kept: {_list(report.kept)}"
         + (f" (pinned: {_list(report.pinned)})" if report.pinned else "")
+        + (f" (needed by delta versions: {_list(report.needed)})" if report.needed else "")
     )
     click.echo(f"  versions {verb}: {_list(report.deleted)}")
     click.echo(

@@ -29,6 +29,7 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -94,8 +95,11 @@ class Cache:
         *,
         attempts: int = 3,
         parallel: int = 4,
+        finish: Callable[[Path], None] | None = None,
     ) -> Path:
-        """Download ``manifest``'s files from ``store``, verify them, and make them the entry."""
+        """Download ``manifest``'s files from ``store``, verify them, and make them the entry.
+        ``finish`` completes the verified download before it becomes the entry (a delta version is
+        rebuilt into full weights there); if it raises, nothing is left behind."""
         if attempts < 1:
             raise ValueError(f"attempts: must be ≥ 1, got {attempts}")
         final = self.entry(manifest.version)
@@ -120,6 +124,8 @@ class Cache:
                     self._fetch_file(store, manifest, entry, tmp, attempts)
             for entry in large:
                 self._fetch_file(store, manifest, entry, tmp, attempts)
+            if finish is not None:
+                finish(tmp)
             (tmp / layout.MANIFEST).write_bytes(raw_manifest)
             for _ in range(2):
                 try:

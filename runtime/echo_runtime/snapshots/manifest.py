@@ -22,8 +22,9 @@ Kind = Literal["lora", "full", "checkpoint"]
 """``lora``: a peft adapter (weights + config); ``full``: a whole safetensors state dict (sharded for
 large models); ``checkpoint``: trainer state (optimizer, step, RNG) beside the snapshots."""
 
-FORMAT = 1
-"""Manifest format version; readers refuse manifests from a newer format."""
+FORMAT = 2
+"""The newest manifest format this echorl reads; readers refuse manifests from a newer format. Format 1
+is written for every manifest without a delta, so older readers keep reading them."""
 
 
 class FileEntry(pydantic.BaseModel):
@@ -42,12 +43,37 @@ class FileEntry(pydantic.BaseModel):
         return layout.check_file_name(value)
 
 
+class Delta(pydantic.BaseModel):
+    """A version published as the changes against the version before it (:mod:`.deltas`)."""
+
+    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
+
+    base: int = pydantic.Field(ge=0)
+    """The version the changes apply to (the one before)."""
+    anchor: int = pydantic.Field(ge=0)
+    """The full version the chain of deltas starts from: reading this version needs every version
+    from ``anchor`` to ``base``."""
+    files: tuple[FileEntry, ...] = pydantic.Field(min_length=1)
+    """The full snapshot's files (``model.safetensors``, or the shards and their index) as the trainer
+    would have written them: what a reader rebuilds, checked by size and sha256."""
+
+    @pydantic.model_validator(mode="after")
+    def _order(self) -> Delta:
+        if self.anchor > self.base:
+            raise ValueError(f"anchor {self.anchor} must not be newer than base {self.base}")
+        return self
+
+
+DELTA_FORMAT = 2
+"""The format of a delta version's manifest: readers from before deltas refuse it with "upgrade"."""
+
+
 class Manifest(pydantic.BaseModel):
     """What one published version holds."""
 
     model_config = pydantic.ConfigDict(frozen=True, extra="ignore")
 
-    format: int = FORMAT
+    format: int = 1
     version: int = pydantic.Field(ge=0)
     """Policy version (snapshots) or trainer step (checkpoints)."""
     kind: Kind
@@ -60,6 +86,14 @@ class Manifest(pydantic.BaseModel):
     data: str = pydantic.Field(pattern=r"^data-[0-9a-f]{8,64}$")
     """The folder, inside the version's folder, that holds this publish's files."""
     files: tuple[FileEntry, ...] = pydantic.Field(min_length=1)
+    delta: Delta | None = None
+    """Set when the files hold the changes against ``delta.base`` instead of the full weights."""
+
+    @pydantic.model_validator(mode="after")
+    def _delta_after_base(self) -> Manifest:
+        if self.delta is not None and self.delta.base >= self.version:
+            raise ValueError(f"delta.base {self.delta.base} must be older than the version {self.version}")
+        return self
 
     @pydantic.field_validator("files")
     @classmethod

@@ -59,7 +59,7 @@ def save_lora_adapter(
     """Write adapter ``tensors`` and a peft ``config`` (``LoraConfig.to_dict()``) in peft's layout."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    safetensors.torch.save_file(_storable(tensors), str(out / ADAPTER_WEIGHTS), metadata=_METADATA)
+    safetensors.torch.save_file(storable(tensors), str(out / ADAPTER_WEIGHTS), metadata=_METADATA)
     (out / ADAPTER_CONFIG).write_text(
         json.dumps(dict(config), indent=2, sort_keys=True, default=_json_default)
     )
@@ -86,11 +86,35 @@ def save_state_dict(
     Shards are filled greedily in the state dict's order; a tensor larger than the limit gets a
     shard of its own.
     """
-    if max_shard_bytes < 1:
-        raise ValueError(f"max_shard_bytes: must be ≥ 1, got {max_shard_bytes}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tensors = _storable(state_dict)
+    written = []
+    for name, shard in _plan(state_dict, max_shard_bytes):
+        if isinstance(shard, bytes):
+            (out / name).write_bytes(shard)
+        else:
+            safetensors.torch.save_file(shard, str(out / name), metadata=_METADATA)
+        written.append(out / name)
+    return written
+
+
+def serialise_state_dict(
+    state_dict: Mapping[str, torch.Tensor], *, max_shard_bytes: int = DEFAULT_SHARD_BYTES
+) -> list[tuple[str, bytes]]:
+    """The files :func:`save_state_dict` writes, as ``(name, bytes)`` in memory, byte for byte."""
+    return [
+        (name, shard if isinstance(shard, bytes) else safetensors.torch.save(shard, metadata=_METADATA))
+        for name, shard in _plan(state_dict, max_shard_bytes)
+    ]
+
+
+def _plan(
+    state_dict: Mapping[str, torch.Tensor], max_shard_bytes: int
+) -> list[tuple[str, dict[str, torch.Tensor] | bytes]]:
+    """File name → the tensors it holds (or, for the index, its bytes)."""
+    if max_shard_bytes < 1:
+        raise ValueError(f"max_shard_bytes: must be ≥ 1, got {max_shard_bytes}")
+    tensors = storable(state_dict)
     shards: list[dict[str, torch.Tensor]] = [{}]
     used = 0
     for name, tensor in tensors.items():
@@ -101,18 +125,17 @@ def save_state_dict(
         shards[-1][name] = tensor
         used += size
     if len(shards) == 1:
-        safetensors.torch.save_file(shards[0], str(out / FULL_WEIGHTS), metadata=_METADATA)
-        return [out / FULL_WEIGHTS]
-    written, weight_map = [], {}
+        return [(FULL_WEIGHTS, shards[0])]
+    files: list[tuple[str, dict[str, torch.Tensor] | bytes]] = []
+    weight_map = {}
     for i, shard in enumerate(shards, start=1):
         name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        safetensors.torch.save_file(shard, str(out / name), metadata=_METADATA)
-        written.append(out / name)
+        files.append((name, shard))
         weight_map.update(dict.fromkeys(shard, name))
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (out / FULL_INDEX).write_text(json.dumps(index, indent=2))
-    return [*written, out / FULL_INDEX]
+    files.append((FULL_INDEX, json.dumps(index, indent=2).encode()))
+    return files
 
 
 def load_state_dict(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
@@ -142,8 +165,9 @@ def detect_kind(path: str | os.PathLike[str]) -> Kind:
     raise ValueError(f"{folder}: neither a peft adapter ({ADAPTER_CONFIG}) nor a state dict ({FULL_WEIGHTS})")
 
 
-def _storable(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """CPU, contiguous tensors that share no memory with each other (copies where they did)."""
+def storable(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """CPU, contiguous tensors that share no memory with each other (copies where they did); on the CPU
+    the others are the tensors themselves, not copies."""
     seen: set[tuple[torch.device, int]] = set()
     out: dict[str, torch.Tensor] = {}
     for name, tensor in tensors.items():

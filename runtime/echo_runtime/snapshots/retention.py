@@ -46,21 +46,37 @@ class Plan:
     pinned: tuple[int, ...]
     """Versions kept only because a live pin holds them (a subset of ``keep``)."""
     expired_pins: tuple[Pin, ...]
+    needed: tuple[int, ...] = ()
+    """Versions kept only because a kept delta version is rebuilt from them (a subset of ``keep``)."""
 
 
-def plan(versions: Iterable[int], keep_last: int, pins: Iterable[Pin] = (), now: float = 0.0) -> Plan:
-    """Decide which ``versions`` to keep and delete, and which ``pins`` have expired at ``now``."""
+def plan(
+    versions: Iterable[int],
+    keep_last: int,
+    pins: Iterable[Pin] = (),
+    now: float = 0.0,
+    needs: Mapping[int, int] | None = None,
+) -> Plan:
+    """Decide which ``versions`` to keep and delete, and which ``pins`` have expired at ``now``.
+
+    ``needs``: version → the oldest version reading it needs (a delta version needs every version back
+    to its anchor, :mod:`.deltas`); a version kept for the newest or a pin keeps those too, counted
+    in ``needed``."""
     if keep_last < 1:
         raise ValueError(f"keep_last: must be ≥ 1 (the newest version is always kept), got {keep_last}")
     ordered = sorted(set(versions))
     newest = set(ordered[-keep_last:])
     pins = tuple(pins)
     held = {p.version for p in pins if p.live(now)}
-    keep = tuple(v for v in ordered if v in newest or v in held)
+    wanted = newest | held
+    chains = [(min(needs.get(v, v), v), v) for v in wanted] if needs else []
+    needed = {u for u in ordered if u not in wanted and any(lo <= u < hi for lo, hi in chains)}
+    keep = tuple(v for v in ordered if v in wanted or v in needed)
     return Plan(
         keep=keep,
-        delete=tuple(v for v in ordered if v not in newest and v not in held),
-        pinned=tuple(v for v in keep if v not in newest),
+        delete=tuple(v for v in ordered if v not in keep),
+        needed=tuple(v for v in keep if v in needed),
+        pinned=tuple(v for v in keep if v not in newest and v in held),
         expired_pins=tuple(sorted((p for p in pins if not p.live(now)), key=lambda p: (p.version, p.reader))),
     )
 

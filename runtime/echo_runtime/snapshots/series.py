@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import uuid
@@ -83,9 +84,18 @@ class Series(Generic[M]):
     """Snapshots or checkpoints of one job in one store; ``doc`` is the type of their manifests."""
 
     def __init__(
-        self, store: blobs.Blobs, keys: layout.Series, noun: str, doc: type[M], *, parallel: int = 4
+        self,
+        store: blobs.Blobs,
+        keys: layout.Series,
+        noun: str,
+        doc: type[M],
+        *,
+        parallel: int = 4,
+        deltas: bool = False,
     ) -> None:
         self.store = store
+        self.deltas = deltas
+        """Whether versions may be deltas (snapshots): retention then keeps each kept version's chain."""
         self.doc = doc
         self.keys = keys
         self.noun = noun
@@ -95,7 +105,16 @@ class Series(Generic[M]):
     # ------------------------------------------------------------------------------------------
     # Writing
 
-    def publish(self, version: int, files: Files, *, kind: manifest.Kind, base_model: str, step: int) -> M:
+    def publish(
+        self,
+        version: int,
+        files: Files,
+        *,
+        kind: manifest.Kind,
+        base_model: str,
+        step: int,
+        delta: manifest.Delta | None = None,
+    ) -> M:
         if version < 0:
             raise ValueError(f"{self.noun}: must be ≥ 0, got {version}")
         items = collect(files)
@@ -126,6 +145,8 @@ class Series(Generic[M]):
                     "created": manifest.now(),
                     "data": data,
                     "files": entries,
+                    "delta": delta,
+                    "format": 1 if delta is None else manifest.DELTA_FORMAT,
                 }
             )
         except BaseException:
@@ -236,6 +257,41 @@ class Series(Generic[M]):
         doc, raw = self.manifest(version)
         return local.fill(self.store, doc, raw, parallel=self.parallel)
 
+    def fetch_chain(self, version: int, local: cache.Cache, *, verify_cached: bool = False) -> Path:
+        """:meth:`fetch` for a series whose versions may be deltas (:mod:`.deltas`): walk back to the
+        newest version already cached (or the anchor), then rebuild each version after it in order, each
+        from the one before, into its own verified cache entry. ``verify_cached`` also re-hashes the
+        rebuilt files (:func:`.deltas.materialise`)."""
+        from echo_runtime.snapshots import deltas
+
+        hit = local.lookup(version, verify=verify_cached)
+        if hit is not None:
+            return hit
+        chain: list[tuple[M, bytes]] = []
+        current = version
+        while True:
+            doc, raw = self.manifest(current)
+            chain.append((doc, raw))
+            if doc.delta is None:
+                break
+            current = doc.delta.base
+            if local.lookup(current) is not None:
+                break
+        path = local.entry(current)
+        for doc, raw in reversed(chain):
+            finish = (
+                None
+                if doc.delta is None
+                else functools.partial(deltas.materialise, path, delta=doc.delta, verify=verify_cached)
+            )
+            path = local.fill(self.store, doc, raw, parallel=self.parallel, finish=finish)
+        return path
+
+    def anchor_of(self, version: int) -> int:
+        """The oldest version reading ``version`` needs (itself, unless it is a delta)."""
+        delta = self.manifest(version)[0].delta
+        return version if delta is None else delta.anchor
+
     # ------------------------------------------------------------------------------------------
     # Garbage
 
@@ -252,6 +308,9 @@ class Series(Generic[M]):
             v for v, infos in by_version.items() if any(i.key == self.keys.manifest(v) for i in infos)
         }
         plan = retention.plan(published, keep_last, pins, now)
+        if self.deltas and plan.delete:  # a kept delta version keeps its chain back to its anchor
+            needs = {v: self.anchor_of(v) for v in plan.keep}
+            plan = retention.plan(published, keep_last, pins, now, needs=needs)
         folders: dict[tuple[int, str], float] = {}
         for version, infos in by_version.items():
             for info in infos:

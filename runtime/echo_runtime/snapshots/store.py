@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from echo_runtime.snapshots import blobs, cache, errors, layout, retention, retry, series
 from echo_runtime.snapshots.local import LocalBlobs
-from echo_runtime.snapshots.manifest import CheckpointManifest, Manifest, SnapshotManifest
+from echo_runtime.snapshots.manifest import CheckpointManifest, Delta, Manifest, SnapshotManifest
 from echo_runtime.spec.policy import Retention
 from echo_runtime.spec.swarms import Storage
 
@@ -46,6 +46,8 @@ class GcReport:
     deleted: tuple[int, ...]
     pinned: tuple[int, ...]
     """Versions kept only because a live pin holds them."""
+    needed: tuple[int, ...]
+    """Versions kept only because a kept delta version is rebuilt from them."""
     checkpoints_kept: tuple[int, ...]
     checkpoints_deleted: tuple[int, ...]
     expired_pins: tuple[retention.Pin, ...]
@@ -71,7 +73,7 @@ class SnapshotStore:
         self.layout = layout.Layout(prefix, job)
         self.retention = retention or Retention()
         self._snapshots = series.Series(
-            store, self.layout.snapshots, "version", SnapshotManifest, parallel=parallel
+            store, self.layout.snapshots, "version", SnapshotManifest, parallel=parallel, deltas=True
         )
         self._checkpoints = series.Series(
             store, self.layout.checkpoints, "checkpoint", CheckpointManifest, parallel=parallel
@@ -103,13 +105,28 @@ class SnapshotStore:
         kind: Literal["lora", "full"],
         base_model: str,
         step: int | None = None,
+        delta: Delta | None = None,
     ) -> SnapshotManifest:
         """Publish ``files`` as policy ``version``; raise :class:`~errors.VersionExistsError` if the
-        version exists or is not newer than the latest one. Returns the manifest written."""
+        version exists or is not newer than the latest one. Returns the manifest written.
+
+        ``delta``: the files are the changes against ``delta.base`` (:mod:`.deltas`), which must be
+        published already; readers rebuild the full weights and check them against ``delta.files``."""
         if kind not in ("lora", "full"):
             raise ValueError(f"kind: must be 'lora' or 'full', got {kind!r}")
+        if delta is not None:
+            if kind != "full":
+                raise ValueError("delta: only full-weight snapshots are published as deltas")
+            base = self._snapshots.manifest(delta.base)[0]  # raises VersionNotFoundError if it is gone
+            if (base.delta.anchor if base.delta is not None else base.version) != delta.anchor:
+                raise ValueError(f"delta: version {delta.base} does not start from anchor {delta.anchor}")
         return self._snapshots.publish(
-            version, files, kind=kind, base_model=base_model, step=version if step is None else step
+            version,
+            files,
+            kind=kind,
+            base_model=base_model,
+            step=version if step is None else step,
+            delta=delta,
         )
 
     def latest_version(self) -> int | None:
@@ -131,13 +148,14 @@ class SnapshotStore:
         verify_cached: bool = False,
         keep_cached: int | None = None,
     ) -> Path:
-        """The local directory holding ``version``'s verified files (and its ``manifest.json``).
+        """The local directory holding ``version``'s verified files (and its ``manifest.json``); a delta
+        version is rebuilt there into its full files (:mod:`.deltas`) from the versions before it.
 
         A version already in ``cache_dir`` costs no request to the store. ``verify_cached`` re-hashes a
         cached copy; ``keep_cached`` then prunes the cache to that many newest versions.
         """
         local = self._cache(cache_dir, self._snapshots)
-        path = self._snapshots.fetch(version, local, verify_cached=verify_cached)
+        path = self._snapshots.fetch_chain(version, local, verify_cached=verify_cached)
         if keep_cached is not None:
             local.prune(keep_cached, protect={version})
         return path
@@ -262,6 +280,7 @@ class SnapshotStore:
             kept=snaps.plan.keep,
             deleted=snaps.plan.delete,
             pinned=snaps.plan.pinned,
+            needed=snaps.plan.needed,
             checkpoints_kept=ckpts.plan.keep,
             checkpoints_deleted=ckpts.plan.delete,
             expired_pins=expired,

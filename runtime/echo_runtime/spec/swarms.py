@@ -208,6 +208,11 @@ class TrainingSwarmSpec(TemplatedPlacement):
     """Torch device: ``auto`` picks CUDA, then MPS, then CPU."""
     checkpoint_interval: Int = Field(default=10, ge=1)
     """Checkpoint (weights, optimizer, step, RNG) every N optimizer steps."""
+    snapshot_anchor_interval: Int | None = Field(default=None, ge=1, le=100000)
+    """Full fine-tuning: publish every N-th version in full (an anchor) and each version in between as a
+    sparse delta, the weights that changed since the version before; readers rebuild the full weights
+    and check them bit for bit (docs/snapshots.md). Unset: every version in full. LoRA jobs publish
+    the adapter, which is small, and ignore it."""
     threads: Int | None = Field(default=None, ge=1, le=1024)
     """CPU threads per trainer process (torch); default: the process's share of the cores."""
 

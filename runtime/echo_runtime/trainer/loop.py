@@ -57,6 +57,7 @@ from typing import Any, Protocol, TypeVar
 from echo_runtime import staleness
 from echo_runtime.coordinator import wire
 from echo_runtime.models.prompts import Prompt, PromptStyle
+from echo_runtime.snapshots import deltas, manifest
 from echo_runtime.spec.load import ResolvedJob
 from echo_runtime.trainer import checkpoint as ckpt
 from echo_runtime.trainer import distributed, overlap, step, verify
@@ -92,7 +93,14 @@ class Store(Protocol):
     """What the loop needs from the snapshot store (:class:`echo_runtime.snapshots.SnapshotStore`)."""
 
     def publish(
-        self, version: int, files: Any, *, kind: Any, base_model: str, step: int | None = None
+        self,
+        version: int,
+        files: Any,
+        *,
+        kind: Any,
+        base_model: str,
+        step: int | None = None,
+        delta: Any = None,
     ) -> Any: ...
 
     def latest_version(self) -> int | None: ...
@@ -176,7 +184,7 @@ def run(
         prefetch: overlap.Prefetch[wire.BatchReply] = overlap.Prefetch()
         publisher = (
             overlap.Publisher(
-                lambda v, files: upload_version(trainer, store, v, files),  # type: ignore[arg-type]
+                lambda v, exported: upload_version(trainer, store, v, exported),  # type: ignore[arg-type]
                 coordinator.announce,  # type: ignore[union-attr]
             )
             if main
@@ -251,8 +259,8 @@ def run(
                     blocked = time.perf_counter()
                     if options.overlap_io:
                         folder = Path(tempfile.mkdtemp(dir=scratch, prefix=f"snapshot-{version}-"))
-                        files = export_version(trainer, folder, record)
-                        published(publisher.submit(version, folder, files))
+                        exported = export_version(trainer, folder, version, record)
+                        published(publisher.submit(version, folder, exported))
                     else:
                         uploads[version] = publish_version(
                             trainer, store, coordinator, version, scratch, record=record
@@ -296,6 +304,8 @@ class Trainer:
     """The log-prob checks per worker, over the run."""
     quarantined: set[str] = dataclasses.field(default_factory=set)
     """Workers caught lying; their groups never reach a step."""
+    delta_writer: deltas.Writer | None = None
+    """Full fine-tuning with ``snapshotAnchorInterval``: versions between anchors go out as deltas."""
 
     def check(self, batch: Batch, coordinator: Coordinator) -> tuple[Batch, verify.Checked | None]:
         """Check ``batch``'s fresh groups (:mod:`.verify`); quarantine the workers caught, through the
@@ -345,7 +355,16 @@ class Trainer:
         def encode(prompt: Prompt) -> Sequence[int]:
             return sampling.encode_prompt(tokenizer, prompt, style)
 
-        return cls(job=job, policy=policy, optimizer=optimizer, base_model=spec.model.path, encode=encode)
+        interval = job.training_swarm.snapshot_anchor_interval
+        writer = deltas.Writer(interval) if interval and policy.finetune == "Full" and world.is_main else None
+        return cls(
+            job=job,
+            policy=policy,
+            optimizer=optimizer,
+            base_model=spec.model.path,
+            encode=encode,
+            delta_writer=writer,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -490,25 +509,41 @@ def publish_version(
     ``record`` (the step's metrics) travels inside the snapshot as :data:`RECORD_FILE`."""
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=scratch, prefix=f"snapshot-{version}-") as out:
-        upload_version(trainer, store, version, export_version(trainer, Path(out), record))
+        upload_version(trainer, store, version, export_version(trainer, Path(out), version, record))
     coordinator.announce(version)
     return time.perf_counter() - started
 
 
-def export_version(trainer: Trainer, folder: Path, record: dict[str, Any] | None = None) -> dict[str, Path]:
-    """Write the policy's current weights (and the step's ``record``) into ``folder``; return the
-    snapshot's files (name → path)."""
-    files = dict(trainer.policy.export_snapshot(folder))
+def export_version(
+    trainer: Trainer, folder: Path, version: int, record: dict[str, Any] | None = None
+) -> Exported:
+    """Write ``version`` (the policy's current weights, and the step's ``record``) into ``folder``: the
+    snapshot's files, and the delta they are when :attr:`Trainer.delta_writer` makes one."""
+    delta = None
+    if trainer.delta_writer is not None:
+        files, delta = trainer.delta_writer.export(version, trainer.policy.model.state_dict(), folder)
+    else:
+        files = dict(trainer.policy.export_snapshot(folder))
     if record is not None:
         path = folder / RECORD_FILE
         path.write_text(json.dumps(record, sort_keys=True), encoding="utf-8")
         files[RECORD_FILE] = path
-    return files
+    return Exported(files=files, delta=delta)
 
 
-def upload_version(trainer: Trainer, store: Store, version: int, files: dict[str, Path]) -> None:
-    """Publish the exported ``files`` as ``version`` (atomic; raises if the version exists)."""
-    store.publish(version, files, kind=trainer.policy.snapshot_kind, base_model=trainer.base_model)
+@dataclasses.dataclass(frozen=True)
+class Exported:
+    files: dict[str, Path]
+    delta: manifest.Delta | None = None
+
+
+def upload_version(trainer: Trainer, store: Store, version: int, exported: Exported) -> None:
+    """Publish the ``exported`` files as ``version`` (atomic; raises if the version exists)."""
+    kind = trainer.policy.snapshot_kind
+    if exported.delta is None:
+        store.publish(version, exported.files, kind=kind, base_model=trainer.base_model)
+    else:
+        store.publish(version, exported.files, kind=kind, base_model=trainer.base_model, delta=exported.delta)
 
 
 def checkpoint_version(

@@ -37,27 +37,6 @@ from snapshots_testing import (
 from echo_runtime.snapshots import errors, layout, payloads
 from echo_runtime.snapshots.store import SnapshotStore
 
-
-@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.services)])
-def target(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
-    if request.param == "local":
-        return Target("local", path=str(tmp_path / "store"))
-    bucket = request.getfixturevalue("minio")
-    return Target(
-        "s3",
-        endpoint=bucket.endpoint,
-        bucket=bucket.bucket,
-        access_key=bucket.access_key,
-        secret_key=bucket.secret_key,
-        prefix="team/echo",
-    )
-
-
-@pytest.fixture
-def store(target: Target) -> SnapshotStore:
-    return target.open()
-
-
 # ---------------------------------------------------------------------------------------------
 # Publish and fetch
 

@@ -91,6 +91,28 @@ def test_overlapped_io_trains_exactly_what_the_inline_loop_trains(
         torch.testing.assert_close(b[name], a[name], rtol=0, atol=0)
 
 
+def test_full_fine_tuning_with_delta_snapshots_publishes_the_same_weights(
+    tiny_model_dir: str, tmp_path: Path
+) -> None:
+    """The same run twice, full fine-tuning: every version in full, or anchors every 3 versions and deltas
+    between. Every version a reader fetches is bit-identical between the two, and the deltas are small."""
+    plain = make_job(tmp_path / "a", tiny_model_dir, interval=10, max_steps=5, full=True)
+    _run(plain, ScriptedCoordinator())
+    delta = make_job(tmp_path / "b", tiny_model_dir, interval=10, max_steps=5, full=True, anchor_interval=3)
+    _run(delta, ScriptedCoordinator())
+    a, b = _store(plain), _store(delta)
+    assert [v for v in b.versions() if b.manifest(v).delta is None] == [1, 3]
+    assert all(a.manifest(v).delta is None for v in a.versions())
+    for v in (2, 4, 5):
+        assert b.manifest(v).total_size < a.manifest(v).total_size / 3
+    for v in range(1, 6):
+        want = payloads.load_state_dict(a.fetch(v, tmp_path / "ca"))
+        got = payloads.load_state_dict(b.fetch(v, tmp_path / "cb"))
+        assert want.keys() == got.keys()
+        for name in want:
+            assert torch.equal(want[name].view(torch.uint8), got[name].view(torch.uint8)), (v, name)
+
+
 def test_resume_after_a_clean_stop_is_exact(tiny_model_dir: str, tmp_path: Path) -> None:
     """4 steps in one go == 2 steps, stop, resume, 2 more steps: the same version 4, bit for bit."""
     straight = make_job(tmp_path / "a", tiny_model_dir, interval=3, max_steps=4)

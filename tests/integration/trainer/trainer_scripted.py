@@ -20,7 +20,14 @@ PROMPTS = ["3 + 4 =", "12 - 5 =", "7 * 6 =", "9 + 9 ="]
 
 
 def make_job(
-    root: Path, model_dir: str, *, interval: int = 2, max_steps: int = 4, **sync: Any
+    root: Path,
+    model_dir: str,
+    *,
+    interval: int = 2,
+    max_steps: int = 4,
+    full: bool = False,
+    anchor_interval: int | None = None,
+    **sync: Any,
 ) -> spec.ResolvedJob:
     doc = {
         "apiVersion": "echorl.dev/v1alpha1",
@@ -38,6 +45,11 @@ def make_job(
             "trainingSwarm": {"checkpointInterval": interval, "device": "cpu"},
         },
     }  # fmt: skip
+    if full:  # full fine-tuning, with delta snapshots when anchor_interval is given
+        # bf16 and a small learning rate, as in real full fine-tuning: most updates round away.
+        doc["spec"]["model"] = {"path": model_dir, "finetune": "Full", "dtype": "bfloat16"}
+        doc["spec"]["algorithm"]["learningRate"] = 1e-5
+        doc["spec"]["trainingSwarm"]["snapshotAnchorInterval"] = anchor_interval
     (manifest,) = spec.load_documents(json.dumps(doc))
     assert isinstance(manifest, spec.EchoJob)
     return spec.resolve(manifest)

@@ -135,3 +135,12 @@ def test_orphans_never_include_an_owned_or_recent_folder(
     for orphan in retention.orphans(dirs, owners, now, grace):
         assert owners.get(orphan.version) != orphan.data
         assert orphan.modified + grace <= now
+
+
+def test_a_kept_delta_version_keeps_its_chain_back_to_its_anchor() -> None:
+    versions = range(1, 11)  # anchors 1, 4, 8; the others are deltas against the version before
+    needs = {v: max(a for a in (1, 4, 8) if a <= v) for v in versions}
+    plan = retention.plan(versions, keep_last=2, pins=[retention.Pin(6, "w", 60, 0.0)], now=1.0, needs=needs)
+    assert plan.keep == (4, 5, 6, 8, 9, 10)  # 9, 10 need 8; pinned 6 needs 4 and 5
+    assert plan.needed == (4, 5, 8) and plan.pinned == (6,) and plan.delete == (1, 2, 3, 7)
+    assert retention.plan(versions, keep_last=2).keep == (9, 10)  # without deltas: as before
