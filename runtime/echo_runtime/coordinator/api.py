@@ -526,7 +526,7 @@ def create_fastapi(svc: Service) -> FastAPI:
     @app.get("/healthz", response_model=wire.Health, tags=["status"])
     async def healthz() -> Response:
         """Liveness: the process serves requests."""
-        return _json(wire.Health(status="ok", policy_version=svc.state.t_train))
+        return _json(wire.Health(status="ok", policy_version=svc.state.published))
 
     @app.get(
         "/metrics",

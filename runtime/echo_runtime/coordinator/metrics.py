@@ -56,7 +56,7 @@ class StateCollector(Collector):
             c.add_metric([job], value)
             return c
 
-        yield gauge("policy_version", "t_train: the newest version the trainer announced.", s.t_train)
+        yield gauge("policy_version", "The newest version the trainer published and announced.", s.published)
         yield gauge(
             "max_staleness", "Δmax (maxStaleness) of the job's sync policy.", s.config.policy.max_staleness
         )

@@ -55,7 +55,7 @@ def status_document(state: CoordinatorState, now: float, wall_now: float) -> wir
         job=state.config.job,
         mode=state.config.policy.mode,
         max_staleness=state.config.policy.max_staleness,
-        policy_version=state.t_train,
+        policy_version=state.published,
         buffer=wire.BufferStatus(groups=state.ledger.buffered, capacity=capacity),
         max_observed_staleness=state.max_observed_staleness,
         staleness_histogram={str(k): v for k, v in sorted(state.staleness_histogram.items()) if v},
