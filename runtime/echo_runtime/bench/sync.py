@@ -15,6 +15,17 @@ Definitions (one per measure, used by the table, the JSON and the plots):
 * **snapshot load overhead**: Σ workers' snapshot-load seconds / Σ workers' wall seconds (0 for
   Colocated: it samples with the weights it trains).
 * **staleness consumed**: the coordinator's histogram of consumed groups by staleness; its mean.
+* **G and T** per step: generation seconds per batch (Colocated: its ``sampleSeconds``; decoupled:
+  Σ workers' sampling seconds / steps) and training seconds per step (``stepSeconds``); with one thread
+  per process, as the offload framing pins them, these are core-seconds. **Seconds per step**: training
+  wall-clock / steps.
+* **Offload bound** (``--framing offload``): Colocated alternates G and T on the trainer's cores; with
+  generation moved to added cores the best a decoupled run can do is overlap them perfectly, so the
+  speedup is at most ``(G + T) / max(G, T)``, G and T from the Colocated runs. Each configuration's
+  speedup (Colocated's seconds per step over its own, bootstrap CI) is reported beside it, and as a
+  fraction of it. In the equal-hardware framing every run has the same cores and the same work to do
+  on them, so overlap has no such head-room (bound 1): what it can win there is only what one
+  process's threads leave unused.
 * **95% CI** across seeds: Student-t interval ``mean ± t₀.₉₇₅,n−1 · s/√n`` (n ≥ 2), and a seeded
   percentile bootstrap of the mean (reported too; with 3 seeds it is narrow and should be read with
   the t-interval). **Speedup** of a configuration: Colocated's mean over its mean for time-to-target
@@ -47,6 +58,9 @@ SCALARS = (
     "weightedGroups",
     "meanStaleness",
     "trainingSeconds",
+    "generateSecondsPerStep",
+    "trainSecondsPerStep",
+    "secondsPerStep",
 )
 
 
@@ -155,6 +169,9 @@ def run_measures(
         for e in summary.get("evaluations", [])
     ]  # fmt: skip
     seconds, version = _time_to_target(evaluations, target)
+    n = len(steps)
+    sampled = [float(r["sampleSeconds"]) for r in steps if r.get("sampleSeconds") is not None]
+    generate = sum(sampled) if sampled else sum(float(w.get("sampleSeconds") or 0.0) for w in timing.values())
     return {
         "policyVersion": summary.get("policyVersion"),
         "trainingSeconds": training,
@@ -164,6 +181,9 @@ def run_measures(
         "initialHeldoutAccuracy": summary.get("initialHeldoutAccuracy"),
         "finalHeldoutAccuracy": summary.get("finalHeldoutAccuracy"),
         "trainerBusyFraction": busy / training if training > 0 else None,
+        "generateSecondsPerStep": generate / n if n and generate > 0 else None,
+        "trainSecondsPerStep": busy / n if n else None,
+        "secondsPerStep": training / n if n and training > 0 else None,
         "rolloutsPerSecond": consumed / training if training > 0 else None,
         "consumedRollouts": consumed,
         "snapshotLoadSeconds": load,
@@ -215,9 +235,12 @@ def accuracy_band(
     return {"time": [float(x) for x in grid], "mean": mean, "low": low, "high": high}
 
 
-def aggregate(runs: Mapping[str, Sequence[Mapping[str, Any]]], target: float | None) -> dict[str, Any]:
+def aggregate(
+    runs: Mapping[str, Sequence[Mapping[str, Any]]], target: float | None, framing: str = "equal"
+) -> dict[str, Any]:
     """Per configuration: every scalar described across seeds, the summed staleness histogram, the
-    accuracy band, and speedups relative to Colocated (when it is in the grid)."""
+    accuracy band, and speedups relative to Colocated (when it is in the grid), with the offload bound
+    in the offload framing."""
     configs: dict[str, Any] = {}
     for offset, (name, measures) in enumerate(runs.items()):
         histogram: dict[str, int] = {}
@@ -245,8 +268,78 @@ def aggregate(runs: Mapping[str, Sequence[Mapping[str, Any]]], target: float | N
             speed["rolloutsPerSecond"] = _ratio(
                 [m["rolloutsPerSecond"] for m in measures], [m["rolloutsPerSecond"] for m in base]
             )
+            speed["secondsPerStep"] = _ratio(
+                [m["secondsPerStep"] for m in base], [m["secondsPerStep"] for m in measures]
+            )
         configs[name]["speedupVsColocated"] = speed
-    return {"targetAccuracy": target, "baseline": BASELINE if base is not None else None, "configs": configs}
+    bound = offload_bound(base) if base is not None else None
+    if bound is not None:
+        for c in configs.values():
+            per_step = (c["speedupVsColocated"] or {}).get("secondsPerStep")
+            c["offloadBoundFraction"] = (
+                None
+                if per_step is None or framing != "offload"
+                else {
+                    "ratio": per_step["ratio"] / bound["bound"],
+                    "ci95": _scaled(per_step.get("ci95"), bound["bound"]),
+                }
+            )
+    return {
+        "targetAccuracy": target,
+        "baseline": BASELINE if base is not None else None,
+        "framing": framing,
+        "bound": None
+        if bound is None
+        else {**bound, "bound": bound["bound"] if framing == "offload" else 1.0},
+        "configs": configs,
+    }
+
+
+def offload_bound(colocated: Sequence[Mapping[str, Any]]) -> dict[str, float] | None:
+    """G, T (means over the Colocated runs) and the offload bound (G + T) / max(G, T)."""
+    g = [float(m["generateSecondsPerStep"]) for m in colocated if m.get("generateSecondsPerStep")]
+    t = [float(m["trainSecondsPerStep"]) for m in colocated if m.get("trainSecondsPerStep")]
+    if not g or not t:
+        return None
+    gen, train = float(np.mean(g)), float(np.mean(t))
+    return {
+        "generateSecondsPerStep": gen,
+        "trainSecondsPerStep": train,
+        "bound": (gen + train) / max(gen, train),
+    }
+
+
+def _scaled(ci: Sequence[float] | None, by: float) -> list[float] | None:
+    return None if not ci else [float(ci[0]) / by, float(ci[1]) / by]
+
+
+def bound_text(results: Mapping[str, Any]) -> str:
+    """The framing and, in the offload framing, each configuration's speedup against the bound."""
+    bound = results.get("bound")
+    if not bound:
+        return ""
+    g, t = bound["generateSecondsPerStep"], bound["trainSecondsPerStep"]
+    if results.get("framing") != "offload":
+        return (
+            f"Equal hardware: every run has the same cores. Colocated: G = {g:.2f} s generating and "
+            f"T = {t:.2f} s training per step, one after the other on all of them; a decoupled run splits "
+            "the same cores, so its bound is 1 (see `docs/benchmarks/README.md`).\n\n"
+        )
+    lines = [
+        f"Offload framing: Colocated generates for G = {g:.2f} s and trains for T = {t:.2f} s per step on "
+        f"the trainer's cores; moving generation to added cores can speed it up at most "
+        f"(G + T) / max(G, T) = **{bound['bound']:.2f}×**.",
+        "",
+        "| configuration | seconds per step | speedup vs Colocated | fraction of the bound |",
+        "|---|---|---|---|",
+    ]
+    for name, c in results["configs"].items():
+        speed = (c.get("speedupVsColocated") or {}).get("secondsPerStep")
+        lines.append(
+            f"| {name} | {_fmt(c['secondsPerStep'], 2)} | {_speed_text(speed)} | "
+            f"{_speed_text(c.get('offloadBoundFraction')).rstrip('×').replace('×', '')} |"
+        )
+    return "\n".join(lines) + "\n\n"
 
 
 def _ratio(numerator: Sequence[float | None], denominator: Sequence[float | None]) -> dict[str, Any] | None:

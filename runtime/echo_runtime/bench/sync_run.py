@@ -88,6 +88,10 @@ class Options:
     overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Extra ``spec`` fields merged into every manifest (the ``--quick`` preset's smaller task)."""
     run_timeout_s: float = 3600.0
+    framing: str = "equal"
+    """``equal``: every run gets ``cores``. ``offload`` (the paper's thesis: generation moves to added
+    hardware): Colocated gets only the trainer's share of them, the decoupled runs all of them, the
+    trainer on the same CPUs as Colocated and the workers on the added ones; every process pinned."""
 
 
 def manifest_for(
@@ -157,8 +161,7 @@ def run_grid(options: Options, log: Callable[[str], None] = print) -> dict[str, 
                 argv += ["--max-steps", str(options.max_steps)]
             if options.target_accuracy is not None:
                 argv += ["--target-accuracy", str(options.target_accuracy)]
-            if options.cores is not None:
-                argv += ["--cores", str(options.cores)]
+            argv += run_cores(options, config)
             log(
                 f"[{done}/{total}] {config.name} seed {seed}: running ({time.monotonic() - started:.0f}s elapsed)"
             )
@@ -174,6 +177,22 @@ def run_grid(options: Options, log: Callable[[str], None] = print) -> dict[str, 
     results = collect(options, failures)
     write_outputs(results, options.out)
     return results
+
+
+def run_cores(options: Options, config: Config) -> list[str]:
+    """The ``echorl run`` flags that give one run its CPUs (:attr:`Options.framing`)."""
+    if options.framing not in ("equal", "offload"):
+        raise ValueError(f"framing: expected equal or offload, got {options.framing!r}")
+    if options.framing == "equal":
+        return [] if options.cores is None else ["--cores", str(options.cores)]
+    from echo_runtime.runner import local
+
+    cores = options.cores or len(os.sched_getaffinity(0))
+    if cores < 2:
+        raise ValueError("the offload framing needs at least 2 cores: the trainer's and an added one")
+    if config.mode == "Colocated":
+        return ["--cores", str(local.plan_cores(cores, 1).trainer), "--pin-cores"]
+    return ["--cores", str(cores), "--pin-cores"]
 
 
 def _run_once(argv: list[str], out: IO[str], timeout_s: float) -> int:
@@ -218,7 +237,7 @@ def collect(options: Options, failures: Sequence[dict[str, Any]] = ()) -> dict[s
             )
             runs.setdefault(config.name, []).append(measures)
             per_run.append({"config": config.name, "seed": seed, **measures})
-    results = sync.aggregate(runs, options.target_accuracy)
+    results = sync.aggregate(runs, options.target_accuracy, framing=options.framing)
     results["runs"] = per_run
     results["failures"] = list(failures)
     results["grid"] = {
@@ -228,16 +247,25 @@ def collect(options: Options, failures: Sequence[dict[str, Any]] = ()) -> dict[s
         "maxSteps": options.max_steps,
         "overrides": options.overrides,
         "cores": options.cores or os.cpu_count(),
-        "coreSplit": _core_split(options.cores or os.cpu_count() or 1),
+        "framing": options.framing,
+        "coreSplit": _core_split(options.cores or os.cpu_count() or 1, options.framing),
     }
     results["machine"] = machine()
     return results
 
 
-def _core_split(cores: int) -> dict[str, str]:
+def _core_split(cores: int, framing: str = "equal") -> dict[str, str]:
     from echo_runtime.runner import local
 
     plan = local.plan_cores(cores, 1)
+    if framing == "offload":
+        return {
+            "decoupled": f"trainer pinned to {plan.trainer} CPU(s), the worker to the other "
+            f"{cores - plan.trainer} (added hardware), evaluator beside the worker, coordinator unpinned "
+            "(mostly idle)",
+            "Colocated": f"one process pinned to the trainer's {plan.trainer} CPU(s) for sampling and "
+            "training; evaluator on the others",
+        }
     return {
         "decoupled": f"trainer {plan.trainer} thread(s), each worker {plan.worker} thread(s), evaluator 1, "
         "coordinator 1 (mostly idle)",
@@ -280,6 +308,7 @@ def write_outputs(results: dict[str, Any], out: Path) -> list[Path]:
         f"torch {m['torch']}.\n\nCore split: decoupled — {results['grid']['coreSplit']['decoupled']}; "
         f"Colocated — {results['grid']['coreSplit']['Colocated']}.\n\n"
     )
+    header += sync.bound_text(results)
     failures = "".join(f"\n- {f['config']} seed {f['seed']} failed (exit {f['exitCode']}): {f['log']}"
                        for f in results.get("failures", []))  # fmt: skip
     paths[1].write_text(

@@ -175,6 +175,15 @@ QUICK_OVERRIDES = {
 @click.option(
     "--run-timeout", type=click.IntRange(min=1), default=3600, show_default=True, help="Seconds per run."
 )
+@click.option(
+    "--framing",
+    type=click.Choice(["equal", "offload"]),
+    default="equal",
+    show_default=True,
+    help="equal: every run shares the same --cores. offload: Colocated gets only the trainer's share of "
+    "the cores, the decoupled runs add the rest for workers; every process pinned; the speedup is "
+    "reported against its bound (G+T)/max(G,T).",
+)
 def sync(
     job_path: Path,
     configs: str | None,
@@ -186,6 +195,7 @@ def sync(
     quick: bool,
     resume_grid: bool,
     run_timeout: int,
+    framing: str,
 ) -> None:
     """Colocated vs Sequential vs Async(Δmax) × seeds: time-to-target, throughput, staleness, with 95% CIs.
 
@@ -207,6 +217,7 @@ def sync(
             resume_grid=resume_grid,
             overrides=QUICK_OVERRIDES if quick else {},
             run_timeout_s=float(run_timeout),
+            framing=framing,
         )
         results = sync_run.run_grid(options, log=lambda line: click.echo(line, err=True))
     except (ValueError, OSError) as exc:

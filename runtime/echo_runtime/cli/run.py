@@ -34,6 +34,12 @@ from echo_runtime import spec
 @click.option(
     "--cores", type=click.IntRange(min=1), default=None, help="CPU cores to divide among the processes."
 )
+@click.option(
+    "--pin-cores",
+    is_flag=True,
+    help="Pin each process to its own CPUs (trainer, workers; the evaluator to the CPUs the trainer does "
+    "not use), not only size its threads: the offload framing of `echorl bench sync`.",
+)
 @click.option("--no-progress", is_flag=True, help="No progress bar (logs only).")
 def run(
     job_file: Path,
@@ -43,6 +49,7 @@ def run(
     max_steps: int | None,
     target_accuracy: float | None,
     cores: int | None,
+    pin_cores: bool,
     no_progress: bool,
 ) -> None:
     """Run an EchoJob locally: coordinator, inference workers, trainer and evaluator as processes.
@@ -62,6 +69,7 @@ def run(
         target_accuracy=target_accuracy,
         progress=not no_progress,
         cores=cores,
+        pin_cores=pin_cores,
     )
     try:
         summary = local.run(job_file, options, echo=click.echo)

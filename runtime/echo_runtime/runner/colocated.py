@@ -174,6 +174,13 @@ class ColocatedRun(local.LocalRun):
             f"processes: colocated sampler+trainer ({self.cores} thread(s) in both phases), evaluator "
             f"on {cores} core(s); logs in {self.dir / 'logs'}"
         )
+        pins = None
+        if self.options.pin_cores:  # this process samples and trains: it takes the first `cores` CPUs
+            pins = local.pin_plan(sorted(os.sched_getaffinity(0)), cores, self.plan, 0)
+            os.sched_setaffinity(0, pins.trainer)
+            self.echo(
+                f"pinned: sampler+trainer to CPUs {sorted(pins.trainer)}, evaluator to {sorted(pins.evaluator)}"
+            )
         self.procs.start(
             "evaluator",
             [
@@ -192,6 +199,7 @@ class ColocatedRun(local.LocalRun):
                 str(self.dir / "cache" / "evaluator"),
             ],
             env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "ECHORL_THREADS": "1"},
+            cpus=None if pins is None else pins.evaluator,
         )
 
     def monitor(self) -> int:

@@ -34,7 +34,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,8 @@ class RunOptions:
     progress: bool = True
     cores: int | None = None
     """CPU cores to divide among the processes (default: all of this machine's)."""
+    pin_cores: bool = False
+    """Pin each process to its own cores (:func:`pin_plan`) instead of only sizing its thread pool."""
     status_interval_s: float = 1.0
 
 
@@ -82,6 +84,33 @@ def plan_cores(cores: int, workers: int) -> CorePlan:
     trainer = max(1, cores // 2)
     worker = max(1, (cores - trainer) // max(1, workers))
     return CorePlan(trainer=trainer, worker=worker, evaluator=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuSets:
+    """Which CPUs each process may run on, when ``echorl run --pin-cores`` pins them."""
+
+    trainer: frozenset[int]
+    workers: tuple[frozenset[int], ...]
+    evaluator: frozenset[int]
+
+
+def pin_plan(available: Sequence[int], cores: int, plan: CorePlan, workers: int) -> CpuSets:
+    """Pin the trainer to the first ``plan.trainer`` of the run's ``cores`` CPUs and the workers to the
+    rest (``plan.worker`` each, taken in turn); the evaluator, which measures the run and is no part of
+    it, to every CPU of the machine the trainer does not have. A Colocated run (no workers) keeps its
+    ``cores`` CPUs to itself. With fewer CPUs than the plan asks, sets wrap around (and share)."""
+    cpus = sorted(available)[: max(1, cores)]
+    if not cpus:
+        raise ValueError("no CPU to pin to")
+    trainer = frozenset(cpus[: max(1, min(plan.trainer, len(cpus)))])
+    rest = [c for c in cpus if c not in trainer] or cpus
+    chosen = []
+    for i in range(workers):
+        start = (i * plan.worker) % len(rest)
+        chosen.append(frozenset(rest[(start + k) % len(rest)] for k in range(min(plan.worker, len(rest)))))
+    evaluator = frozenset(c for c in available if c not in trainer) or frozenset(available)
+    return CpuSets(trainer=trainer, workers=tuple(chosen), evaluator=evaluator)
 
 
 def free_port() -> int:
@@ -207,6 +236,17 @@ class LocalRun:
             f"processes: coordinator, trainer ({plan.trainer} thread(s)), {n_workers} worker(s) "
             f"({plan.worker} thread(s) each), evaluator on {cores} core(s); logs in {self.dir / 'logs'}"
         )
+        pins = (
+            pin_plan(sorted(os.sched_getaffinity(0)), cores, plan, n_workers)
+            if self.options.pin_cores
+            else None
+        )
+        if pins is not None:
+            self.echo(
+                f"pinned: trainer to CPUs {sorted(pins.trainer)}, workers to "
+                f"{[sorted(w) for w in pins.workers]}, evaluator to {sorted(pins.evaluator)}"
+            )
+        started_workers = 0
         (self.dir / "workers").mkdir(exist_ok=True)
         for name, pool in self.job.inference_pools:
             if pool.external:
@@ -244,7 +284,9 @@ class LocalRun:
                         str(self.dir / "cache" / f"{name}-{i}"),
                     ],
                     env={**_thread_env(threads), "ECHORL_TOKEN": self.tokens["pools"][name]},
+                    cpus=None if pins is None else pins.workers[started_workers],
                 )
+                started_workers += 1
         self.procs.start(
             "evaluator",
             [
@@ -263,6 +305,7 @@ class LocalRun:
                 str(self.dir / "cache" / "evaluator"),
             ],
             env=_thread_env(plan.evaluator),
+            cpus=None if pins is None else pins.evaluator,
         )
         swarm = self.job.training_swarm
         trainer_threads = swarm.threads or plan.trainer
@@ -296,6 +339,7 @@ class LocalRun:
             "trainer",
             argv,
             env={**_thread_env(trainer_threads), "ECHORL_TRAINER_TOKEN": self.tokens["trainer"]},
+            cpus=None if pins is None else pins.trainer,
         )
 
     def _wait_healthy(self, timeout_s: float = 120.0) -> None:
@@ -387,7 +431,7 @@ class LocalRun:
         argv = list(old.argv)
         if name == "trainer" and "--resume" not in argv:
             argv.append("--resume")  # continue from the newest published version and checkpoint
-        self.procs.start(name, argv, env=old.env)
+        self.procs.start(name, argv, env=old.env, cpus=old.cpus)
         self.restarts.started(name, clock)
         if name == "coordinator":
             with contextlib.suppress(RunError):  # if it dies again, the next pass restarts it

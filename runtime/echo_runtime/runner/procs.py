@@ -13,7 +13,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from pathlib import Path
 from typing import IO
 
@@ -29,6 +29,8 @@ class Child:
     log_file: IO[bytes]
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     """The environment it was started with on top of the runner's (to restart it the same way)."""
+    cpus: frozenset[int] | None = None
+    """The CPUs it is pinned to, if any (to restart it the same way)."""
 
     @property
     def returncode(self) -> int | None:
@@ -49,8 +51,16 @@ class Processes:
         self.children: dict[str, Child] = {}
         log_dir.mkdir(parents=True, exist_ok=True)
 
-    def start(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> Child:
-        """Start ``argv`` as child ``name``; its stdout and stderr go to ``<log_dir>/<name>.log``."""
+    def start(
+        self,
+        name: str,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        cpus: Set[int] | None = None,
+    ) -> Child:
+        """Start ``argv`` as child ``name``; its stdout and stderr go to ``<log_dir>/<name>.log``.
+        ``cpus``: pin it to these CPUs (set before the interpreter has started any thread, which
+        inherit it)."""
         if name in self.children and self.children[name].returncode is None:
             raise RuntimeError(f"a process named {name!r} is already running")
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -65,7 +75,17 @@ class Processes:
             env=full_env,
             start_new_session=True,  # its own process group: signals reach its children too
         )
-        child = Child(name, list(argv), proc, log_path, log_file, dict(env or {}))
+        if cpus is not None:
+            os.sched_setaffinity(proc.pid, cpus)
+        child = Child(
+            name,
+            list(argv),
+            proc,
+            log_path,
+            log_file,
+            dict(env or {}),
+            None if cpus is None else frozenset(cpus),
+        )
         self.children[name] = child
         return child
 

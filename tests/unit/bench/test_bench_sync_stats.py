@@ -114,6 +114,62 @@ def test_aggregate_speedups_and_censoring() -> None:
     assert "| Async:2 | 3 |" in table and "2/3" in table and "2.00×" in table
 
 
+def test_offload_bound_and_the_fraction_of_it_each_configuration_reaches() -> None:
+    """Colocated: 3 s generating + 1 s training per step, one after the other on the trainer's core, so
+    moving generation to an added core can at best make a step max(3, 1) = 3 s: bound 4/3."""
+
+    def colocated(seconds: float) -> dict[str, Any]:
+        summary, records = _run({"0": 8}, [(0, 0.0, 0.0), (4, 0.6, 4 * seconds)], 1.0)
+        records = [{**r, "time": seconds * (i + 1), "sampleSeconds": 3.0} for i, r in enumerate(records)]
+        return sync.run_measures(summary, records, target=0.5)
+
+    def decoupled(seconds: float) -> dict[str, Any]:
+        summary, records = _run({"1": 8}, [(0, 0.0, 0.0), (4, 0.6, 4 * seconds)], 1.0)
+        summary["workerTiming"] = {"cpu-0": {"loadSeconds": 0.1, "sampleSeconds": 12.4, "wallSeconds": 13.0}}
+        records = [{**r, "time": seconds * (i + 1)} for i, r in enumerate(records)]
+        return sync.run_measures(summary, records, target=0.5)
+
+    base = [colocated(4.0), colocated(4.0)]
+    fast = [decoupled(3.2), decoupled(3.2)]
+    assert (base[0]["generateSecondsPerStep"], base[0]["trainSecondsPerStep"], base[0]["secondsPerStep"]) == (
+        3.0,
+        1.0,
+        4.0,
+    )
+    assert fast[0]["generateSecondsPerStep"] == pytest.approx(12.4 / 4)  # the workers' sampling seconds
+    results = sync.aggregate({"Colocated": base, "Async:1": fast}, target=0.5, framing="offload")
+    assert results["bound"]["bound"] == pytest.approx(4 / 3)
+    async1 = results["configs"]["Async:1"]
+    assert async1["speedupVsColocated"]["secondsPerStep"]["ratio"] == pytest.approx(4.0 / 3.2)
+    assert async1["offloadBoundFraction"]["ratio"] == pytest.approx((4.0 / 3.2) / (4 / 3))  # 0.9375
+    text = sync.bound_text(results)
+    assert (
+        "**1.33×**" in text
+        and "| Async:1 | 3.20 [3.20, 3.20] | 1.25× [1.25, 1.25] | 0.94 [0.94, 0.94] |" in text
+    )
+    equal = sync.aggregate({"Colocated": base, "Async:1": fast}, target=0.5, framing="equal")
+    assert equal["bound"]["bound"] == 1.0 and equal["configs"]["Async:1"]["offloadBoundFraction"] is None
+
+
+@pytest.mark.parametrize(
+    ("framing", "config", "flags"),
+    [
+        ("equal", "Colocated", ["--cores", "2"]),
+        ("equal", "Async:1", ["--cores", "2"]),
+        ("offload", "Colocated", ["--cores", "1", "--pin-cores"]),
+        ("offload", "Sequential", ["--cores", "2", "--pin-cores"]),
+        ("offload", "Async:1", ["--cores", "2", "--pin-cores"]),
+    ],
+)
+def test_each_framing_gives_each_run_its_cpus(framing: str, config: str, flags: list[str]) -> None:
+    options = sync_run.Options(
+        job=Path("job.yaml"), out=Path("out"), configs=(), seeds=1, max_steps=None, target_accuracy=None,
+        cores=2, framing=framing,
+    )  # fmt: skip
+    (parsed,) = sync_run.parse_configs(config)
+    assert sync_run.run_cores(options, parsed) == flags
+
+
 def test_parse_configs() -> None:
     configs = sync_run.parse_configs("Colocated, Sequential,Async:0,Async:8")
     assert [c.name for c in configs] == ["Colocated", "Sequential", "Async:0", "Async:8"]
