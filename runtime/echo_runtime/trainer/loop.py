@@ -68,6 +68,9 @@ _log = logging.getLogger(__name__)
 T = TypeVar("T")
 RECORD_FILE = "trainer-record.json"
 """The step's metrics record, published inside the version's snapshot."""
+RECOVER_BACK = 2
+"""How many versions back from the newest a resumed trainer looks for records its predecessor did not
+write: the newest and the one before (one publish in flight, :mod:`.overlap`)."""
 
 
 class Coordinator(Protocol):
@@ -194,8 +197,11 @@ def run(
         uploads: dict[int, float] = {}
 
         def published(finished: overlap.Published | None) -> None:
+            """Note a finished publish and write every record it completes at once: at most the version
+            still in flight lacks its record if the trainer is killed (its successor recovers it)."""
             if finished is not None:
                 uploads[finished.version] = finished.upload_seconds
+                write_records()
 
         def write_records() -> None:
             """Write, in order, the records of every version that is published and whose step is done."""
@@ -566,23 +572,37 @@ def recover_record(store: Store, metrics_path: Path, version: int, cache_dir: Pa
     trainer was killed between publishing it and writing the record); True if it did."""
     if version < 1:
         return False
+    written: set[int] = set()
     if metrics_path.exists():
         for line in metrics_path.read_text(encoding="utf-8").splitlines():
             try:
-                if json.loads(line).get("policyVersion") == version:
-                    return False
-            except json.JSONDecodeError:
+                written.add(int(json.loads(line).get("policyVersion")))
+            except (json.JSONDecodeError, TypeError, ValueError, AttributeError):
                 continue
-    try:
-        found = store.fetch(version, cache_dir / "snapshots") / RECORD_FILE
-        record = json.loads(found.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        _log.warning("version %d has no trainer record and none in its snapshot (%s)", version, exc)
+    if version in written:
+        return False
+    # The previous trainer published in the background: the version before the newest may lack its
+    # record too (killed between that publish and writing it). Walk back to the last one written.
+    missing = []
+    for v in range(version, max(0, version - RECOVER_BACK), -1):
+        if v in written:
+            break
+        missing.append(v)
+    recovered = []
+    for v in sorted(missing):
+        try:
+            found = store.fetch(v, cache_dir / "snapshots") / RECORD_FILE
+            recovered.append(json.loads(found.read_text(encoding="utf-8")))
+        except (OSError, ValueError) as exc:
+            _log.warning("version %d has no trainer record and none in its snapshot (%s)", v, exc)
+    if not recovered:
         return False
     with metrics_path.open("a", encoding="utf-8") as out:
-        out.write(json.dumps({**record, "recovered": True}, sort_keys=True) + "\n")
+        for record in recovered:
+            out.write(json.dumps({**record, "recovered": True}, sort_keys=True) + "\n")
     _log.info(
-        "wrote the record of version %d from its snapshot (the previous trainer stopped before)", version
+        "wrote the record(s) of version(s) %s from their snapshots (the previous trainer stopped before)",
+        ", ".join(str(r.get("policyVersion")) for r in recovered),
     )
     return True
 

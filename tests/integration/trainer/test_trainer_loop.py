@@ -113,6 +113,24 @@ def test_full_fine_tuning_with_delta_snapshots_publishes_the_same_weights(
             assert torch.equal(want[name].view(torch.uint8), got[name].view(torch.uint8)), (v, name)
 
 
+def test_records_a_killed_trainer_did_not_write_are_recovered_from_the_snapshots(
+    tiny_model_dir: str, tmp_path: Path
+) -> None:
+    """Killed with the newest version published in the background and the one before published but its
+    record not yet written: its successor writes both from the snapshots, once each."""
+    job = make_job(tmp_path, tiny_model_dir, interval=10, max_steps=4)
+    metrics = tmp_path / "metrics.jsonl"
+    _run(job, ScriptedCoordinator(), metrics_path=metrics)
+    lines = metrics.read_text().splitlines()
+    metrics.write_text("\n".join(lines[:2]) + "\n")  # versions 3 and 4 unrecorded
+    store = _store(job)
+    assert loop.recover_record(store, metrics, 4, tmp_path / "cache")
+    assert not loop.recover_record(store, metrics, 4, tmp_path / "cache")  # nothing left to recover
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["policyVersion"] for r in records] == [1, 2, 3, 4]
+    assert [bool(r.get("recovered")) for r in records] == [False, False, True, True]
+
+
 def test_resume_after_a_clean_stop_is_exact(tiny_model_dir: str, tmp_path: Path) -> None:
     """4 steps in one go == 2 steps, stop, resume, 2 more steps: the same version 4, bit for bit."""
     straight = make_job(tmp_path / "a", tiny_model_dir, interval=3, max_steps=4)
