@@ -26,6 +26,8 @@ Definitions (one per measure, used by the table, the JSON and the plots):
   fraction of it. In the equal-hardware framing every run has the same cores and the same work to do
   on them, so overlap has no such head-room (bound 1): what it can win there is only what one
   process's threads leave unused.
+* **Steady state**: seconds per step and trainer busy fraction between the first and the last optimizer
+  step (start-up, model loading and the first batch left out): what a long run converges to.
 * **95% CI** across seeds: Student-t interval ``mean ± t₀.₉₇₅,n−1 · s/√n`` (n ≥ 2), and a seeded
   percentile bootstrap of the mean (reported too; with 3 seeds it is narrow and should be read with
   the t-interval). **Speedup** of a configuration: Colocated's mean over its mean for time-to-target
@@ -61,6 +63,8 @@ SCALARS = (
     "generateSecondsPerStep",
     "trainSecondsPerStep",
     "secondsPerStep",
+    "steadySecondsPerStep",
+    "steadyTrainerBusyFraction",
 )
 
 
@@ -170,6 +174,8 @@ def run_measures(
     ]  # fmt: skip
     seconds, version = _time_to_target(evaluations, target)
     n = len(steps)
+    ordered = sorted(steps, key=lambda r: float(r.get("time", 0.0)))
+    times = [float(r.get("time", 0.0)) for r in ordered]
     sampled = [float(r["sampleSeconds"]) for r in steps if r.get("sampleSeconds") is not None]
     generate = sum(sampled) if sampled else sum(float(w.get("sampleSeconds") or 0.0) for w in timing.values())
     return {
@@ -184,6 +190,12 @@ def run_measures(
         "generateSecondsPerStep": generate / n if n and generate > 0 else None,
         "trainSecondsPerStep": busy / n if n else None,
         "secondsPerStep": training / n if n and training > 0 else None,
+        "steadySecondsPerStep": (times[-1] - times[0]) / (n - 1) if n > 1 and times[-1] > times[0] else None,
+        "steadyTrainerBusyFraction": (
+            sum(float(r.get("stepSeconds", 0.0)) for r in ordered[1:]) / (times[-1] - times[0])
+            if n > 1 and times[-1] > times[0]
+            else None
+        ),
         "rolloutsPerSecond": consumed / training if training > 0 else None,
         "consumedRollouts": consumed,
         "snapshotLoadSeconds": load,
@@ -271,19 +283,26 @@ def aggregate(
             speed["secondsPerStep"] = _ratio(
                 [m["secondsPerStep"] for m in base], [m["secondsPerStep"] for m in measures]
             )
+            speed["steadySecondsPerStep"] = _ratio(
+                [m["steadySecondsPerStep"] for m in base], [m["steadySecondsPerStep"] for m in measures]
+            )
         configs[name]["speedupVsColocated"] = speed
     bound = offload_bound(base) if base is not None else None
     if bound is not None:
         for c in configs.values():
-            per_step = (c["speedupVsColocated"] or {}).get("secondsPerStep")
-            c["offloadBoundFraction"] = (
-                None
-                if per_step is None or framing != "offload"
-                else {
-                    "ratio": per_step["ratio"] / bound["bound"],
-                    "ci95": _scaled(per_step.get("ci95"), bound["bound"]),
-                }
-            )
+            for key, out in (
+                ("secondsPerStep", "offloadBoundFraction"),
+                ("steadySecondsPerStep", "steadyOffloadBoundFraction"),
+            ):
+                per_step = (c["speedupVsColocated"] or {}).get(key)
+                c[out] = (
+                    None
+                    if per_step is None or framing != "offload"
+                    else {
+                        "ratio": per_step["ratio"] / bound["bound"],
+                        "ci95": _scaled(per_step.get("ci95"), bound["bound"]),
+                    }
+                )
     return {
         "targetAccuracy": target,
         "baseline": BASELINE if base is not None else None,
@@ -330,14 +349,20 @@ def bound_text(results: Mapping[str, Any]) -> str:
         f"the trainer's cores; moving generation to added cores can speed it up at most "
         f"(G + T) / max(G, T) = **{bound['bound']:.2f}×**.",
         "",
-        "| configuration | seconds per step | speedup vs Colocated | fraction of the bound |",
-        "|---|---|---|---|",
+        "Whole run (start-up included) | steady state (first to last step):",
+        "",
+        "| configuration | seconds per step | speedup vs Colocated | fraction of the bound | "
+        "steady seconds per step | steady speedup | steady fraction of the bound | steady trainer busy |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, c in results["configs"].items():
-        speed = (c.get("speedupVsColocated") or {}).get("secondsPerStep")
+        speed = c.get("speedupVsColocated") or {}
         lines.append(
-            f"| {name} | {_fmt(c['secondsPerStep'], 2)} | {_speed_text(speed)} | "
-            f"{_speed_text(c.get('offloadBoundFraction')).rstrip('×').replace('×', '')} |"
+            f"| {name} | {_fmt(c['secondsPerStep'], 2)} | {_speed_text(speed.get('secondsPerStep'))} | "
+            f"{_fraction_text(c.get('offloadBoundFraction'))} | {_fmt(c['steadySecondsPerStep'], 2)} | "
+            f"{_speed_text(speed.get('steadySecondsPerStep'))} | "
+            f"{_fraction_text(c.get('steadyOffloadBoundFraction'))} | "
+            f"{_fmt(c['steadyTrainerBusyFraction'], 1, 100.0)} % |"
         )
     return "\n".join(lines) + "\n\n"
 
@@ -404,6 +429,10 @@ def markdown_table(results: Mapping[str, Any]) -> str:
         "(bootstrap 95% interval of the ratio of means).",
     ]
     return "\n".join(lines + notes) + "\n"
+
+
+def _fraction_text(fraction: Mapping[str, Any] | None) -> str:
+    return _speed_text(fraction).replace("×", "")
 
 
 def _histogram_text(histogram: Mapping[str, int]) -> str:

@@ -142,10 +142,14 @@ def test_offload_bound_and_the_fraction_of_it_each_configuration_reaches() -> No
     async1 = results["configs"]["Async:1"]
     assert async1["speedupVsColocated"]["secondsPerStep"]["ratio"] == pytest.approx(4.0 / 3.2)
     assert async1["offloadBoundFraction"]["ratio"] == pytest.approx((4.0 / 3.2) / (4 / 3))  # 0.9375
+    assert base[0]["steadySecondsPerStep"] == pytest.approx(4.0)  # steps at 4, 8, 12, 16 s
+    assert fast[0]["steadyTrainerBusyFraction"] == pytest.approx(3 * 1.0 / (3 * 3.2))
+    assert async1["steadyOffloadBoundFraction"]["ratio"] == pytest.approx((4.0 / 3.2) / (4 / 3))
     text = sync.bound_text(results)
     assert (
         "**1.33×**" in text
         and "| Async:1 | 3.20 [3.20, 3.20] | 1.25× [1.25, 1.25] | 0.94 [0.94, 0.94] |" in text
+        and "| 3.20 [3.20, 3.20] | 1.25× [1.25, 1.25] | 0.94 [0.94, 0.94] | 31.2 [31.2, 31.2] % |" in text
     )
     equal = sync.aggregate({"Colocated": base, "Async:1": fast}, target=0.5, framing="equal")
     assert equal["bound"]["bound"] == 1.0 and equal["configs"]["Async:1"]["offloadBoundFraction"] is None
