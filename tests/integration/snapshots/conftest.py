@@ -14,15 +14,7 @@ from echo_runtime.snapshots.store import SnapshotStore
 def target(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
     if request.param == "local":
         return Target("local", path=str(tmp_path / "store"))
-    bucket = request.getfixturevalue("minio")
-    return Target(
-        "s3",
-        endpoint=bucket.endpoint,
-        bucket=bucket.bucket,
-        access_key=bucket.access_key,
-        secret_key=bucket.secret_key,
-        prefix="team/echo",
-    )
+    return Target.of_bucket(request.getfixturevalue("minio"), prefix="team/echo")
 
 
 @pytest.fixture

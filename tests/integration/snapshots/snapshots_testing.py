@@ -54,6 +54,18 @@ class Target:
             tuning=overrides.get("tuning", TEST_TUNING),
         )
 
+    @classmethod
+    def of_bucket(cls, bucket: Any, prefix: str = "") -> Target:
+        """The S3 target of a test MinIO bucket (``services.minio.MinioBucket``)."""
+        return cls(
+            "s3",
+            endpoint=bucket.endpoint,
+            bucket=bucket.bucket,
+            access_key=bucket.access_key,
+            secret_key=bucket.secret_key,
+            prefix=prefix,
+        )
+
     def open(self, job: str = "job", **overrides: Any) -> SnapshotStore:
         return SnapshotStore(self.blobs(**overrides), job, prefix=self.prefix)
 

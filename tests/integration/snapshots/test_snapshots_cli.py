@@ -77,14 +77,7 @@ def test_job_file_names_the_store_and_retention(tmp_path: Path, monkeypatch: pyt
 
 @pytest.mark.services
 def test_s3_store(minio: MinioBucket, tmp_path: Path) -> None:
-    target = Target(
-        "s3",
-        endpoint=minio.endpoint,
-        bucket=minio.bucket,
-        access_key=minio.access_key,
-        secret_key=minio.secret_key,
-        prefix="team",
-    )
+    target = Target.of_bucket(minio, prefix="team")
     _fill(target.open("quick"), tmp_path, versions=3)
     env = {"ECHORL_S3_ACCESS_KEY": minio.access_key, "ECHORL_S3_SECRET_KEY": minio.secret_key}
     flags = ["--storage", f"s3://{minio.bucket}/team", "--endpoint", minio.url, "--job", "quick"]

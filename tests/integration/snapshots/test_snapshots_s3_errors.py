@@ -23,13 +23,7 @@ pytestmark = pytest.mark.services
 
 
 def _target(minio: MinioBucket) -> Target:
-    return Target(
-        "s3",
-        endpoint=minio.endpoint,
-        bucket=minio.bucket,
-        access_key=minio.access_key,
-        secret_key=minio.secret_key,
-    )
+    return Target.of_bucket(minio)
 
 
 def test_open_store_reads_credentials_from_the_environment(

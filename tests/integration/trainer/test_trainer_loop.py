@@ -28,6 +28,16 @@ def _store(job: spec.ResolvedJob) -> Any:
     return open_store(job.spec.storage, job.name)
 
 
+def _assert_same_adapter(
+    a_job: spec.ResolvedJob, b_job: spec.ResolvedJob, version: int, tmp_path: Path
+) -> None:
+    """Version ``version`` of the two jobs' adapters is the same, bit for bit."""
+    a, b = _adapter(a_job, version, tmp_path / "ca"), _adapter(b_job, version, tmp_path / "cb")
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=0, atol=0)
+
+
 def _adapter(job: spec.ResolvedJob, version: int, cache: Path) -> dict[str, torch.Tensor]:
     store = open_store(job.spec.storage, job.name)
     return payloads.load_lora_adapter(store.fetch(version, cache)).tensors
@@ -85,10 +95,7 @@ def test_overlapped_io_trains_exactly_what_the_inline_loop_trains(
     _run(overlapped, ScriptedCoordinator())
     events = plain.events
     assert all(events.index(("announce", v)) < events.index(("ask", v)) for v in (1, 2, 3)), events
-    a, b = _adapter(inline, 4, tmp_path / "ca"), _adapter(overlapped, 4, tmp_path / "cb")
-    assert a.keys() == b.keys()
-    for name in a:
-        torch.testing.assert_close(b[name], a[name], rtol=0, atol=0)
+    _assert_same_adapter(inline, overlapped, 4, tmp_path)
 
 
 def test_full_fine_tuning_with_delta_snapshots_publishes_the_same_weights(
@@ -144,10 +151,7 @@ def test_resume_after_a_clean_stop_is_exact(tiny_model_dir: str, tmp_path: Path)
     assert coordinator.asked == [2, 3] and coordinator.announced == [2, 3, 4]
     store = open_store(split.spec.storage, split.name)
     assert store.versions() == [1, 2, 3, 4] and store.checkpoints() == [3, 4]  # retention keeps 2
-    a, b = _adapter(straight, 4, tmp_path / "ca"), _adapter(split, 4, tmp_path / "cb")
-    assert a.keys() == b.keys()
-    for name in a:
-        torch.testing.assert_close(b[name], a[name], rtol=0, atol=0)
+    _assert_same_adapter(straight, split, 4, tmp_path)
 
 
 def test_resume_after_a_crash_continues_from_the_newest_published_version(
