@@ -34,16 +34,30 @@ T = TypeVar("T")
 
 
 class Prefetch(Generic[T]):
-    """One background call whose result the trainer collects later."""
+    """One background call whose result the trainer collects later.
+
+    The call runs in a daemon thread: a trainer that stops (SIGTERM, an error) while a long-poll for
+    the next batch is pending exits at once instead of waiting for a batch it will never train on.
+    """
 
     def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="echorl-prefetch")
         self._pending: tuple[int, Future[T]] | None = None
 
     def start(self, version: int, fetch: Callable[[], T]) -> None:
         if self._pending is not None:
             raise RuntimeError(f"a prefetch for version {self._pending[0]} is still pending")
-        self._pending = (version, self._pool.submit(fetch))
+        future: Future[T] = Future()
+
+        def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(fetch())
+            except BaseException as exc:  # handed to the trainer's thread, raised where it waits
+                future.set_exception(exc)
+
+        threading.Thread(target=run, name=f"echorl-prefetch-{version}", daemon=True).start()
+        self._pending = (version, future)
 
     def take(self, version: int) -> Future[T] | None:
         """The pending call for ``version`` (the caller waits on it), or None if none was started."""
@@ -54,9 +68,8 @@ class Prefetch(Generic[T]):
         return future
 
     def close(self) -> None:
-        """Stop waiting for an unfinished prefetch (its thread ends with its long-poll)."""
+        """Stop waiting for an unfinished prefetch (its daemon thread is abandoned)."""
         self._pending = None
-        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 @dataclasses.dataclass

@@ -87,3 +87,33 @@ def test_prefetch_hands_out_only_the_version_it_was_started_for() -> None:
     future = prefetch.take(3)
     assert future is not None and future.result(5) == 42 and prefetch.take(3) is None
     prefetch.close()
+
+
+def test_a_pending_prefetch_does_not_keep_a_stopping_trainer_alive(tmp_path: Path) -> None:
+    """A long-poll that never ends (the workers are gone) must not hold the process at exit."""
+    import subprocess
+    import sys
+
+    code = (
+        "import threading, time\n"
+        "from echo_runtime.trainer import overlap\n"
+        "p = overlap.Prefetch()\n"
+        "p.start(1, lambda: threading.Event().wait())\n"  # blocks forever
+        "p.close()\n"
+        "print('exiting')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "exiting", done.stderr
+
+
+def test_a_failed_prefetch_is_raised_where_the_trainer_waits() -> None:
+    prefetch: overlap.Prefetch[int] = overlap.Prefetch()
+
+    def fail() -> int:
+        raise ConnectionError("coordinator gone")
+
+    prefetch.start(2, fail)
+    future = prefetch.take(2)
+    assert future is not None
+    with pytest.raises(ConnectionError, match="coordinator gone"):
+        future.result(10)
