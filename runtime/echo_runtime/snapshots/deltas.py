@@ -78,10 +78,6 @@ def diff(
     return out
 
 
-def changed_elements(delta: Mapping[str, torch.Tensor]) -> int:
-    return sum(t.numel() for n, t in delta.items() if n.endswith(_IDX))
-
-
 def save(delta: Mapping[str, torch.Tensor], path: Path) -> Path:
     """Write ``delta`` (from :func:`diff`) to ``path``; an empty delta is a valid file too."""
     safetensors.torch.save_file(dict(delta), str(path), metadata={"format": "echorl-delta"})

@@ -13,6 +13,7 @@ interleaving of leases, submissions and trainer steps:
 from __future__ import annotations
 
 import collections
+from typing import TypeVar
 
 import pytest
 from coordinator_helpers import config, group, make_state, register
@@ -76,21 +77,38 @@ class Swarm:
         self.s.announce(self.version)
 
 
+S = TypeVar("S", bound="Swarm")
+
+SWARMS = {
+    "dmax": st.integers(0, 3),
+    "batch": st.integers(1, 4),
+    "workers": st.integers(1, 3),
+    "capacity": st.integers(1, 8),
+}
+"""The coordinators and swarms the pacing properties are drawn over."""
+
+
+def move_lists(kinds: list[str], most: int) -> st.SearchStrategy[list[tuple[str, int]]]:
+    return st.lists(st.tuples(st.sampled_from(kinds), st.integers(0, 2)), max_size=most)
+
+
+def play(
+    kind: type[S], dmax: int, batch: int, workers: int, capacity: int, moves: list[tuple[str, int]]
+) -> tuple[state.CoordinatorState, S]:
+    """A coordinator and a swarm of ``kind`` after ``moves`` (worker moves name the worker by index)."""
+    s = make_state(config("Async", dmax, batch_size=batch, capacity=2 * batch + 2, group_size=2))
+    swarm = kind(s, workers, capacity)
+    for move, i in moves:
+        getattr(swarm, move)(i) if move != "train" else swarm.train()
+    return s, swarm
+
+
 @settings(max_examples=200, deadline=None)
-@given(
-    dmax=st.integers(0, 3),
-    batch=st.integers(1, 4),
-    workers=st.integers(1, 3),
-    capacity=st.integers(1, 8),
-    moves=st.lists(st.tuples(st.sampled_from(["lease", "submit", "train"]), st.integers(0, 2)), max_size=120),
-)
+@given(**SWARMS, moves=move_lists(["lease", "submit", "train"], 120))
 def test_fast_workers_are_never_dropped_and_no_prompt_is_lost(
     dmax: int, batch: int, workers: int, capacity: int, moves: list[tuple[str, int]]
 ) -> None:
-    s = make_state(config("Async", dmax, batch_size=batch, capacity=2 * batch + 2, group_size=2))
-    swarm = Swarm(s, workers, capacity)
-    for move, i in moves:
-        getattr(swarm, move)(i) if move != "train" else swarm.train()
+    s, swarm = play(Swarm, dmax, batch, workers, capacity, moves)
     assert swarm.fast_drops() == 0, "a group submitted before the next batch was dropped as stale"
     drawn = set(swarm.problem_of.values())
     outstanding = [e.payload.problem.id for e in s.ledger.outstanding_entries()]
@@ -206,22 +224,11 @@ class PrefetchingSwarm(Swarm):
 
 
 @settings(max_examples=200, deadline=None)
-@given(
-    dmax=st.integers(0, 3),
-    batch=st.integers(1, 4),
-    workers=st.integers(1, 3),
-    capacity=st.integers(1, 8),
-    moves=st.lists(
-        st.tuples(st.sampled_from(["lease", "submit", "train", "publish"]), st.integers(0, 2)), max_size=160
-    ),
-)
+@given(**SWARMS, moves=move_lists(["lease", "submit", "train", "publish"], 160))
 def test_a_trainer_that_asks_before_it_announces_keeps_the_bound_and_loses_no_prompt(
     dmax: int, batch: int, workers: int, capacity: int, moves: list[tuple[str, int]]
 ) -> None:
-    s = make_state(config("Async", dmax, batch_size=batch, capacity=2 * batch + 2, group_size=2))
-    swarm = PrefetchingSwarm(s, workers, capacity)
-    for move, i in moves:
-        getattr(swarm, move)(i) if move != "train" else swarm.train()
+    s, swarm = play(PrefetchingSwarm, dmax, batch, workers, capacity, moves)
     drawn = set(swarm.problem_of.values())
     outstanding = [e.payload.problem.id for e in s.ledger.outstanding_entries()]
     assert drawn <= set(swarm.consumed) | set(outstanding), "a prompt was drawn and then lost"
