@@ -14,6 +14,11 @@ Definitions (one per measure, used by the table, the JSON and the plots):
 * **rollouts/s**: rollouts consumed by optimizer steps / training wall-clock.
 * **snapshot load overhead**: Σ workers' snapshot-load seconds / Σ workers' wall seconds (0 for
   Colocated: it samples with the weights it trains).
+* **worker busy fraction**: Σ workers' sampling seconds / Σ workers' wall seconds (none for Colocated).
+* **snapshot traffic**: the workers' snapshot loads, and the bytes they moved: for each load, the bytes
+  the store holds for that version (an adapter, a full model, or a delta; a version retention has
+  already collected counts as the median of those still held — adapters and deltas of one job are
+  all about one size). Read from the run's store by ``bench/sync_run.py``; 0 for Colocated.
 * **staleness consumed**: the coordinator's histogram of consumed groups by staleness; its mean.
 * **G and T** per step: generation seconds per batch (Colocated: its ``sampleSeconds``; decoupled:
   Σ workers' sampling seconds / steps) and training seconds per step (``stepSeconds``); with one thread
@@ -65,6 +70,9 @@ SCALARS = (
     "secondsPerStep",
     "steadySecondsPerStep",
     "steadyTrainerBusyFraction",
+    "workerBusyFraction",
+    "snapshotLoads",
+    "snapshotMegabytes",
 )
 
 
@@ -155,9 +163,13 @@ def describe(values: Iterable[float | None], *, seed: int = 0) -> dict[str, Any]
 
 # --------------------------------------------------------------------------------------------- runs
 def run_measures(
-    summary: Mapping[str, Any], records: Sequence[Mapping[str, Any]], target: float | None
+    summary: Mapping[str, Any],
+    records: Sequence[Mapping[str, Any]],
+    target: float | None,
+    traffic: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
-    """The measures of one run (module docstring) from its ``summary.json`` and ``metrics.jsonl``."""
+    """The measures of one run (module docstring) from its ``summary.json`` and ``metrics.jsonl``, and
+    ``traffic`` (``{"loads": n, "bytes": b}``: the workers' snapshot loads) where the caller read it."""
     steps = [r for r in records if r.get("kind") == "trainer"]
     training = max((float(r.get("time", 0.0)) for r in steps), default=0.0)
     busy = sum(float(r.get("stepSeconds", 0.0)) for r in steps)
@@ -165,6 +177,7 @@ def run_measures(
     timing = summary.get("workerTiming") or {}
     load = sum(float(w.get("loadSeconds") or 0.0) for w in timing.values())
     wall = sum(float(w.get("wallSeconds") or 0.0) for w in timing.values())
+    sampling = sum(float(w.get("sampleSeconds") or 0.0) for w in timing.values())
     histogram = {str(k): int(v) for k, v in (summary.get("stalenessHistogram") or {}).items()}
     groups = sum(histogram.values())
     evaluations = [
@@ -200,6 +213,9 @@ def run_measures(
         "consumedRollouts": consumed,
         "snapshotLoadSeconds": load,
         "snapshotLoadFraction": load / wall if wall > 0 else 0.0,
+        "workerBusyFraction": sampling / wall if wall > 0 else None,
+        "snapshotLoads": int(traffic["loads"]) if traffic else 0,
+        "snapshotMegabytes": float(traffic["bytes"]) / 1e6 if traffic else 0.0,
         "droppedGroups": int(summary.get("droppedStale") or 0),
         "weightedGroups": int(summary.get("weightedStale") or 0),
         "stalenessHistogram": histogram,
@@ -392,7 +408,8 @@ def markdown_table(results: Mapping[str, Any]) -> str:
     target = results.get("targetAccuracy")
     header = (
         "| configuration | seeds | time-to-target (s) | steps-to-target | reached | final accuracy | "
-        "trainer busy | rollouts/s | snapshot load | dropped | weighted | staleness consumed (mean; histogram) | "
+        "trainer busy | worker busy | rollouts/s | snapshot load | snapshot loads | MB moved | dropped | weighted | "
+        "staleness consumed (mean; histogram) | "
         "speedup (time-to-target) | speedup (rollouts/s) |"
     )
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
@@ -409,8 +426,11 @@ def markdown_table(results: Mapping[str, Any]) -> str:
                     f"{c['reachedTarget']}/{c['seeds']}" if target is not None else "–",
                     _fmt(c["finalHeldoutAccuracy"], 3),
                     _fmt(c["trainerBusyFraction"], 1, 100.0) + " %",
+                    _fmt(c["workerBusyFraction"], 1, 100.0) + " %",
                     _fmt(c["rolloutsPerSecond"], 2),
                     _fmt(c["snapshotLoadFraction"], 1, 100.0) + " %",
+                    _fmt(c["snapshotLoads"], 1),
+                    _fmt(c["snapshotMegabytes"], 1),
                     _fmt(c["droppedGroups"], 1),
                     _fmt(c["weightedGroups"], 1),
                     _fmt(c["meanStaleness"], 2) + "; " + _histogram_text(c["stalenessHistogram"]),

@@ -28,6 +28,7 @@ import json
 import os
 import platform
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -233,7 +234,10 @@ def collect(options: Options, failures: Sequence[dict[str, Any]] = ()) -> dict[s
                 continue
             summary = json.loads((run_dir / "summary.json").read_text())
             measures = sync.run_measures(
-                summary, metrics.read_records(run_dir / "metrics.jsonl"), options.target_accuracy
+                summary,
+                metrics.read_records(run_dir / "metrics.jsonl"),
+                options.target_accuracy,
+                snapshot_traffic(run_dir, options.out / "store"),
             )
             runs.setdefault(config.name, []).append(measures)
             per_run.append({"config": config.name, "seed": seed, **measures})
@@ -252,6 +256,32 @@ def collect(options: Options, failures: Sequence[dict[str, Any]] = ()) -> dict[s
     }
     results["machine"] = machine()
     return results
+
+
+def snapshot_traffic(run_dir: Path, store: Path) -> dict[str, float]:
+    """The workers' snapshot loads (``load`` events of ``workers/*.jsonl``) and the bytes they moved:
+    per load, the bytes the run's local store holds for that version (``snapshots/<v>/data-*``); a
+    version retention has collected counts as the median of those still held (``bench/sync.py``)."""
+    from echo_runtime.runner import metrics
+
+    loads = [
+        int(r["version"])
+        for path in sorted((run_dir / "workers").glob("*.jsonl"))
+        for r in metrics.read_records(path)
+        if r.get("event") == "load" and r.get("version") is not None
+    ]
+    job = yaml.safe_load((run_dir / "job.yaml").read_text()) if (run_dir / "job.yaml").exists() else {}
+    name = str(((job or {}).get("metadata") or {}).get("name", ""))
+    sizes: dict[int, int] = {}
+    snapshots = store / name / "snapshots"
+    if name and snapshots.is_dir():
+        for entry in snapshots.iterdir():
+            if entry.name.isdigit():
+                files = [f for data in entry.glob("data-*") for f in data.rglob("*") if f.is_file()]
+                if files:
+                    sizes[int(entry.name)] = sum(f.stat().st_size for f in files)
+    typical = statistics.median(sizes.values()) if sizes else 0.0
+    return {"loads": len(loads), "bytes": float(sum(sizes.get(v, typical) for v in loads))}
 
 
 def _core_split(cores: int, framing: str = "equal") -> dict[str, str]:

@@ -3,6 +3,7 @@ aggregation of synthetic runs, configuration parsing and the manifests the grid 
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,44 @@ def test_run_measures_by_hand() -> None:
     assert (m["timeToTargetSeconds"], m["stepsToTarget"], m["reachedTarget"]) == (20.0, 4, True)
     missed = sync.run_measures(summary, records, target=0.9)
     assert (missed["timeToTargetSeconds"], missed["reachedTarget"]) == (None, False)
+
+
+def test_worker_busy_and_snapshot_traffic_by_hand() -> None:
+    summary, records = _run({"0": 8}, [(0, 0.0, 0.0), (4, 0.6, 20.0)], 2.5)
+    summary["workerTiming"] = {
+        "a": {"loadSeconds": 1.0, "sampleSeconds": 15.0, "wallSeconds": 20.0},
+        "b": {"loadSeconds": 1.0, "sampleSeconds": 5.0, "wallSeconds": 20.0},
+    }
+    m = sync.run_measures(summary, records, target=0.5, traffic={"loads": 6, "bytes": 3_000_000.0})
+    assert m["workerBusyFraction"] == pytest.approx(20.0 / 40.0)
+    assert (m["snapshotLoads"], m["snapshotMegabytes"]) == (6, pytest.approx(3.0))
+    summary["workerTiming"] = {}  # Colocated: no workers, nothing moved
+    colocated = sync.run_measures(summary, records, target=0.5)
+    assert colocated["workerBusyFraction"] is None
+    assert (colocated["snapshotLoads"], colocated["snapshotMegabytes"]) == (0, 0.0)
+    table = sync.markdown_table(sync.aggregate({"Colocated": [colocated], "Async:1": [m]}, 0.5))
+    assert "| worker busy |" in table and "| MB moved |" in table
+
+
+def test_snapshot_traffic_reads_loads_and_the_stored_bytes_of_each_version(tmp_path: Path) -> None:
+    from echo_runtime.snapshots import open_store
+
+    store_dir, run_dir = tmp_path / "store", tmp_path / "run"
+    store = open_store(spec.Storage(type="Local", path=str(store_dir)), "job-a")
+    sizes = {1: 1000, 2: 3000, 3: 5000}
+    for version, size in sizes.items():
+        (tmp_path / "w.bin").write_bytes(b"x" * size)
+        store.publish(version, tmp_path / "w.bin", kind="lora", base_model="m")
+    (run_dir / "workers").mkdir(parents=True)
+    (run_dir / "job.yaml").write_text("kind: EchoJob\nmetadata:\n  name: job-a\n")
+    lines = [{"event": "sample", "version": 0}, {"event": "load", "version": 1},
+             {"event": "load", "version": 3}]  # fmt: skip
+    (run_dir / "workers" / "w0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (run_dir / "workers" / "w1.jsonl").write_text(json.dumps({"event": "load", "version": 9}) + "\n")
+    traffic = sync_run.snapshot_traffic(run_dir, store_dir)
+    # Version 9 is not in the store (collected): it counts as the median of the held ones (3000).
+    assert traffic == {"loads": 3, "bytes": float(1000 + 5000 + 3000)}
+    assert sync_run.snapshot_traffic(tmp_path / "elsewhere", store_dir) == {"loads": 0, "bytes": 0.0}
 
 
 def test_aggregate_speedups_and_censoring() -> None:
