@@ -33,7 +33,8 @@ Definitions (one per measure, used by the table, the JSON and the plots):
   process's threads leave unused.
 * **Steady state**: seconds per step and trainer busy fraction between the first and the last optimizer
   step (start-up, model loading and the first batch left out): what a long run converges to.
-* **95% CI** across seeds: Student-t interval ``mean ± t₀.₉₇₅,n−1 · s/√n`` (n ≥ 2), and a seeded
+* **95% CI** across seeds: Student-t interval ``mean ± t₀.₉₇₅,n−1 · s/√n`` (n ≥ 2; cut to [0, 1] for
+  fractions — accuracy, busy and load fractions — whose mean cannot leave it), and a seeded
   percentile bootstrap of the mean (reported too; with 3 seeds it is narrow and should be read with
   the t-interval). **Speedup** of a configuration: Colocated's mean over its mean for time-to-target
   (higher is faster), its mean over Colocated's for rollouts/s; CI by bootstrap of the ratio of means,
@@ -52,6 +53,11 @@ import numpy as np
 from scipy import stats
 
 BASELINE = "Colocated"
+FRACTIONS = frozenset(
+    {"finalHeldoutAccuracy", "trainerBusyFraction", "steadyTrainerBusyFraction", "workerBusyFraction",
+     "snapshotLoadFraction"}
+)  # fmt: skip
+"""Measures that are fractions: their intervals are cut to [0, 1]."""
 BOOTSTRAP_RESAMPLES = 2000
 
 SCALARS = (
@@ -148,15 +154,22 @@ def ratio_interval(
     return ratio, (float(found.confidence_interval.low), float(found.confidence_interval.high))
 
 
-def describe(values: Iterable[float | None], *, seed: int = 0) -> dict[str, Any]:
-    """Mean, sample standard deviation, t and bootstrap 95% intervals of the non-missing values."""
+def describe(
+    values: Iterable[float | None], *, seed: int = 0, within: tuple[float, float] | None = None
+) -> dict[str, Any]:
+    """Mean, sample standard deviation, t and bootstrap 95% intervals of the non-missing values.
+    ``within``: the range the measure cannot leave (a fraction: 0–1); the t-interval is cut to it, as
+    the mean cannot lie outside (with 2–3 seeds the raw interval often spans past both ends)."""
     present = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    ci = t_interval(present)
+    if ci is not None and within is not None:
+        ci = (max(ci[0], within[0]), min(ci[1], within[1]))
     return {
         "n": len(present),
         "values": present,
         "mean": float(np.mean(present)) if present else None,
         "std": float(np.std(present, ddof=1)) if len(present) > 1 else None,
-        "ci95": t_interval(present),
+        "ci95": ci,
         "bootstrap95": bootstrap_interval(present, seed=seed),
     }
 
@@ -284,7 +297,12 @@ def aggregate(
                 default=None,
             ),
             "accuracyBand": accuracy_band([m["evaluations"] for m in measures]),
-            **{key: describe((m[key] for m in measures), seed=offset) for key in SCALARS},
+            **{
+                key: describe(
+                    (m[key] for m in measures), seed=offset, within=(0.0, 1.0) if key in FRACTIONS else None
+                )
+                for key in SCALARS
+            },
         }
     base = runs.get(BASELINE)
     for name, measures in runs.items():

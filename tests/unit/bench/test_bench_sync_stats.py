@@ -88,6 +88,19 @@ def test_run_measures_by_hand() -> None:
     assert (missed["timeToTargetSeconds"], missed["reachedTarget"]) == (None, False)
 
 
+def test_intervals_of_fractions_stay_inside_zero_and_one() -> None:
+    raw = sync.t_interval([0.25, 0.5])
+    assert raw is not None and raw[0] < 0 and raw[1] > 1  # two seeds: t(0.975, 1) = 12.7
+    assert sync.describe([0.25, 0.5], within=(0.0, 1.0))["ci95"] == (0.0, 1.0)
+    assert sync.describe([0.25, 0.5])["ci95"] == raw
+    summary, records = _run({"0": 8}, [(0, 0.0, 0.0), (4, 0.25, 20.0)], 2.5)
+    other, _ = _run({"0": 8}, [(0, 0.0, 0.0), (4, 0.5, 20.0)], 2.5)
+    runs = [sync.run_measures(s, records, target=0.9) for s in (summary, other)]
+    config = sync.aggregate({"Colocated": runs}, 0.9)["configs"]["Colocated"]
+    assert config["finalHeldoutAccuracy"]["ci95"] == (0.0, 1.0)
+    assert config["trainingSeconds"]["ci95"] is not None  # not a fraction: left as it is
+
+
 def test_worker_busy_and_snapshot_traffic_by_hand() -> None:
     summary, records = _run({"0": 8}, [(0, 0.0, 0.0), (4, 0.6, 20.0)], 2.5)
     summary["workerTiming"] = {
