@@ -321,6 +321,13 @@ def aggregate(
                 [m["steadySecondsPerStep"] for m in base], [m["steadySecondsPerStep"] for m in measures]
             )
         configs[name]["speedupVsColocated"] = speed
+    reference = configs[BASELINE]["finalHeldoutAccuracy"].get("ci95") if base is not None else None
+    for c in configs.values():
+        mean = c["finalHeldoutAccuracy"]["mean"]
+        # The accuracy goal: a configuration's mean final accuracy inside Colocated's interval.
+        c["finalAccuracyInsideColocatedCI"] = (
+            None if reference is None or mean is None else bool(reference[0] <= mean <= reference[1])
+        )
     bound = offload_bound(base) if base is not None else None
     if bound is not None:
         for c in configs.values():
@@ -386,8 +393,9 @@ def bound_text(results: Mapping[str, Any]) -> str:
         "Whole run (start-up included) | steady state (first to last step):",
         "",
         "| configuration | seconds per step | speedup vs Colocated | fraction of the bound | "
-        "steady seconds per step | steady speedup | steady fraction of the bound | steady trainer busy |",
-        "|---|---|---|---|---|---|---|---|",
+        "steady seconds per step | steady speedup | steady fraction of the bound | steady trainer busy | "
+        "final accuracy (inside Colocated's CI?) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, c in results["configs"].items():
         speed = c.get("speedupVsColocated") or {}
@@ -396,7 +404,8 @@ def bound_text(results: Mapping[str, Any]) -> str:
             f"{_fraction_text(c.get('offloadBoundFraction'))} | {_fmt(c['steadySecondsPerStep'], 2)} | "
             f"{_speed_text(speed.get('steadySecondsPerStep'))} | "
             f"{_fraction_text(c.get('steadyOffloadBoundFraction'))} | "
-            f"{_fmt(c['steadyTrainerBusyFraction'], 1, 100.0)} % |"
+            f"{_fmt(c['steadyTrainerBusyFraction'], 1, 100.0)} % | "
+            f"{_inside_text(c)} |"
         )
     return "\n".join(lines) + "\n\n"
 
@@ -467,6 +476,14 @@ def markdown_table(results: Mapping[str, Any]) -> str:
         "(bootstrap 95% interval of the ratio of means).",
     ]
     return "\n".join(lines + notes) + "\n"
+
+
+def _inside_text(c: Mapping[str, Any]) -> str:
+    mean = c["finalHeldoutAccuracy"]["mean"]
+    inside = c.get("finalAccuracyInsideColocatedCI")
+    if mean is None:
+        return "–"
+    return f"{mean:.3f}" + ("" if inside is None else " (yes)" if inside else " (no)")
 
 
 def _fraction_text(fraction: Mapping[str, Any] | None) -> str:

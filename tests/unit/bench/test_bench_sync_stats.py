@@ -101,6 +101,30 @@ def test_intervals_of_fractions_stay_inside_zero_and_one() -> None:
     assert config["trainingSeconds"]["ci95"] is not None  # not a fraction: left as it is
 
 
+def test_each_configuration_says_whether_its_final_accuracy_is_inside_colocateds_interval() -> None:
+    def runs(accuracies: list[float]) -> list[dict[str, Any]]:
+        out = []
+        for acc in accuracies:
+            summary, records = _run({"0": 8}, [(0, 0.0, 0.0), (4, acc, 20.0)], 2.5)
+            out.append(sync.run_measures(summary, records, target=0.9))
+        return out
+
+    # Colocated 0.40, 0.45, 0.50: mean 0.45, t-interval 0.45 ± 4.303 · 0.05/√3 = [0.326, 0.574].
+    results = sync.aggregate(
+        {"Colocated": runs([0.40, 0.45, 0.50]), "Async:1": runs([0.5, 0.55, 0.6]),
+         "Async:2": runs([0.55, 0.6, 0.65])},
+        0.9,
+    )  # fmt: skip
+    inside = {name: c["finalAccuracyInsideColocatedCI"] for name, c in results["configs"].items()}
+    assert inside == {"Colocated": True, "Async:1": True, "Async:2": False}
+    assert (
+        sync.aggregate({"Async:1": runs([0.5, 0.6])}, 0.9)["configs"]["Async:1"][
+            "finalAccuracyInsideColocatedCI"
+        ]
+        is None
+    )  # no Colocated runs to compare with
+
+
 def test_worker_busy_and_snapshot_traffic_by_hand() -> None:
     summary, records = _run({"0": 8}, [(0, 0.0, 0.0), (4, 0.6, 20.0)], 2.5)
     summary["workerTiming"] = {
