@@ -17,8 +17,14 @@ bit with the trainer's. Reported per version: bytes published, fetch seconds, th
 share of bf16 elements left bit-identical by the step. Goal (issue): ≥ 10× fewer bytes and fetch time
 ≤ 0.2× of full snapshots, loaded weights bit-identical.
 
-    python benchmarks/deltas.py                 # ~3 minutes on 2 cores: 10 versions
-    python benchmarks/deltas.py --versions 4    # quicker
+Loopback moves bytes about as fast as the reader's disk can write them, which no worker's network does.
+``--link-mbit`` adds readers behind a throttled link: a TCP relay on loopback between reader and MinIO
+that paces each direction to the given rate (bandwidth only: no latency, no loss), one more pair of
+readers per rate, each fetching every version from both stores. The relay's measured rate is reported
+(bytes of a full fetch over its seconds).
+
+    python benchmarks/deltas.py                 # ~6 minutes on 2 cores: 10 versions, loopback + 1000, 200 Mbit/s
+    python benchmarks/deltas.py --versions 4 --link-mbit ''    # quicker: loopback only
 """
 
 from __future__ import annotations
@@ -51,9 +57,20 @@ def main() -> int:
     parser.add_argument("--anchor-interval", type=int, default=10)
     parser.add_argument("--lr", type=float, default=1e-6)
     parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--link-mbit",
+        default="1000,200",
+        help="comma-separated link rates in Mbit/s for throttled readers, besides loopback ('' for none)",
+    )
     args = parser.parse_args()
     if args.versions < 2:
         parser.error("--versions: at least 2 (one anchor and one delta)")
+    try:
+        rates = [float(r) for r in args.link_mbit.split(",") if r.strip()]
+    except ValueError:
+        parser.error(f"--link-mbit: comma-separated numbers of Mbit/s, got {args.link_mbit!r}")
+    if any(r <= 0 for r in rates):
+        parser.error(f"--link-mbit: rates must be > 0, got {args.link_mbit!r}")
 
     import torch
 
@@ -63,6 +80,7 @@ def main() -> int:
     from echo_runtime.spec import Model, Storage
     from services import minio as minio_service
     from services import procs
+    from services.relay import Relay
 
     torch.manual_seed(0)
     path = model_load.resolve_spec(Model(path="echorl:smollm2-135m"))
@@ -76,6 +94,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="echorl-bench-deltas-") as tmp:
         work = Path(tmp)
         server = minio_service.start_minio(procs.run_testbin(), work / "minio")
+        links = {rate: Relay(server.endpoint, mbit=rate) for rate in rates}
         try:
             storage = Storage(
                 type="S3", endpoint=f"http://{server.endpoint}", bucket=f"deltas-{int(time.time())}"
@@ -83,6 +102,19 @@ def main() -> int:
             creds = (server.access_key, server.secret_key)
             full = open_store(storage, "full", credentials=creds, create_bucket=True)
             delta = open_store(storage, "delta", credentials=creds)
+            # The same stores seen through each throttled link (S3 signs the host the client dials,
+            # and the relay forwards the request unchanged).
+            behind = {
+                rate: {
+                    name: open_store(
+                        Storage(type="S3", endpoint=f"http://{link.endpoint}", bucket=storage.bucket),
+                        name,
+                        credentials=creds,
+                    )
+                    for name in ("full", "delta")
+                }
+                for rate, link in links.items()
+            }
             previous = {n: t.clone() for n, t in payloads.storable(model.state_dict()).items()}
             for version in range(1, args.versions + 1):
                 batch = tokenizer(
@@ -124,6 +156,22 @@ def main() -> int:
                             all(torch.equal(deltas.bits(got[n]), deltas.bits(state[n])) for n in state)
                             and got.keys() == state.keys()
                         )
+                linked = {}
+                for rate, stores in behind.items():
+                    cache = work / f"link-{rate:g}"
+                    times = {}
+                    for name in [n for n, _ in order]:
+                        if version > 1:
+                            stores[name].fetch(version - 1, cache / name)
+                        t0 = time.perf_counter()
+                        stores[name].fetch(version, cache / name, keep_cached=2)
+                        times[name] = time.perf_counter() - t0
+                    linked[f"{rate:g}"] = {
+                        "fullFetchSeconds": times["full"],
+                        "deltaFetchSeconds": times["delta"],
+                        "fetchRatio": times["delta"] / times["full"],
+                        "fullMBps": full_doc.total_size / 1e6 / times["full"],
+                    }
                 row = {
                     "version": version,
                     "anchor": meta is None,
@@ -137,16 +185,24 @@ def main() -> int:
                     "fullExportSeconds": full_export,
                     "deltaExportSeconds": delta_export,
                     "bitIdentical": identical,
+                    "links": linked,
                 }
                 rows.append(row)
                 print(
                     f"v{version:>3} {'anchor' if meta is None else 'delta ':<6} unchanged {same:.4f}  "
                     f"bytes {delta_doc.total_size / 1e6:8.2f} MB vs {full_doc.total_size / 1e6:7.2f} MB "
                     f"({row['bytesRatio']:.4f}×)  fetch {seconds['delta']:.3f} s vs {seconds['full']:.3f} s "
-                    f"({row['fetchRatio']:.3f}×)  bit-identical {identical}",
+                    f"({row['fetchRatio']:.3f}×)  bit-identical {identical}"
+                    + "".join(
+                        f"\n      at {mbit} Mbit/s: fetch {x['deltaFetchSeconds']:.3f} s vs "
+                        f"{x['fullFetchSeconds']:.3f} s ({x['fetchRatio']:.3f}×; full at {x['fullMBps']:.1f} MB/s)"
+                        for mbit, x in linked.items()
+                    ),
                     flush=True,
                 )
         finally:
+            for link in links.values():
+                link.close()
             server.stop()
     deltas_only = [r for r in rows if not r["anchor"]]
     summary = {
@@ -158,6 +214,14 @@ def main() -> int:
         "unchangedFractionMedian": statistics.median(r["unchangedFraction"] for r in rows),
         "allBitIdentical": all(r["bitIdentical"] for r in rows),
         "bytesAllVersionsRatio": sum(r["deltaBytes"] for r in rows) / sum(r["fullBytes"] for r in rows),
+        "fetchRatioMedianByLinkMbit": {
+            mbit: statistics.median(r["links"][mbit]["fetchRatio"] for r in deltas_only)
+            for mbit in (deltas_only[0]["links"] if deltas_only else {})
+        },
+        "fullMBpsMedianByLinkMbit": {
+            mbit: statistics.median(r["links"][mbit]["fullMBps"] for r in rows)
+            for mbit in (rows[0]["links"] if rows else {})
+        },
     }
     result = {
         "benchmark": "deltas",

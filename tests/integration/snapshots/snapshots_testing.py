@@ -7,14 +7,11 @@ and a child process each open their own handle on the same store.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
 import os
-import socket
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -24,6 +21,7 @@ from typing import Any
 from echo_runtime.snapshots import blobs, retry, s3
 from echo_runtime.snapshots.local import LocalBlobs
 from echo_runtime.snapshots.store import SnapshotStore
+from services.relay import Relay
 
 MiB = 1024 * 1024
 HERE = Path(__file__).resolve().parent
@@ -121,50 +119,8 @@ class CountingBlobs:
         return self.inner.cache_key
 
 
-class FlakyProxy:
-    """A loopback TCP proxy that resets the first ``drop`` connections, then forwards faithfully."""
-
-    def __init__(self, upstream: str, drop: int) -> None:
-        host, port = upstream.rsplit(":", 1)
-        self.upstream = (host, int(port))
-        self.remaining_drops = drop
-        self.dropped = 0
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.endpoint = f"127.0.0.1:{self.server.getsockname()[1]}"
-        self._stop = threading.Event()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.server.accept()
-            except OSError:
-                return
-            if self.remaining_drops > 0:
-                self.remaining_drops -= 1
-                self.dropped += 1
-                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-                conn.close()  # RST: the client sees "connection reset"
-                continue
-            upstream = socket.create_connection(self.upstream)
-            for a, b in ((conn, upstream), (upstream, conn)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(1 << 16):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
-
-    def close(self) -> None:
-        self._stop.set()
-        self.server.close()
+FlakyProxy = Relay
+"""A loopback TCP proxy that resets the first ``drop`` connections, then forwards faithfully."""
 
 
 def child_env() -> dict[str, str]:
