@@ -14,7 +14,8 @@ Definitions (one per measure, used by the table, the JSON and the plots):
 * **rollouts/s**: rollouts consumed by optimizer steps / training wall-clock.
 * **snapshot load overhead**: Σ workers' snapshot-load seconds / Σ workers' wall seconds (0 for
   Colocated: it samples with the weights it trains).
-* **worker busy fraction**: Σ workers' sampling seconds / Σ workers' wall seconds (none for Colocated).
+* **worker busy fraction**: Σ workers' sampling seconds / Σ workers' wall seconds (Colocated, which
+  samples in its own process, reports its sampling share; none without worker timing).
 * **snapshot traffic**: the workers' snapshot loads, and the bytes they moved: for each load, the bytes
   the store holds for that version (an adapter, a full model, or a delta; a version retention has
   already collected counts as the median of those still held — adapters and deltas of one job are
