@@ -195,6 +195,9 @@ class CoordinatorState:
         self.last_batch: wire.BatchReply | None = None
         """The last batch handed out, returned again if the trainer retries the same version."""
         self._last_taken: list[buffer.Entry[TaskSpec, Group]] = []
+        # The batch before last_batch: a prefetching trainer that dies after asking at v + 1 but before
+        # publishing it is resumed at v, and gets v's batch again (pull_batch).
+        self._previous: tuple[wire.BatchReply, list[buffer.Entry[TaskSpec, Group]]] | None = None
         self._prompts = prompts if prompts is not None else self.default_prompts(task, config, t_train)
         self.epoch = secrets.token_hex(3)
         """Distinguishes task ids (and status counters) across coordinator restarts."""
@@ -719,6 +722,13 @@ class CoordinatorState:
         taken to this first request stands for it."""
         if self.last_batch is not None and version == self.last_batch.version:
             return self.last_batch
+        if (
+            self._previous is not None
+            and version == self._previous[0].version
+            and version < self.t_train
+            and self.published <= version
+        ):
+            return self._rewind()
         if version < self.t_train:
             raise Rejected(
                 409,
@@ -752,6 +762,7 @@ class CoordinatorState:
                 retry_after_seconds=min(1.0, self.config.heartbeat_interval),
             )
         entries = self.ledger.take(size)
+        self._previous = None if self.last_batch is None else (self.last_batch, self._last_taken)
         self._last_taken = entries
         self._last_take_at = now
         if self.sequential:
@@ -762,6 +773,23 @@ class CoordinatorState:
         self.last_reward = sum(rewards) / len(rewards)
         self.last_batch = wire.BatchReply(ready=True, version=version, groups=groups)
         return self.last_batch
+
+    def _rewind(self) -> wire.BatchReply:
+        """A trainer resumed at the version before ``t_train``, whose successor was never published: the
+        one that asked at ``t_train`` (prefetching) died before publishing. It gets its version's batch
+        again, as a retry would; the batch prefetched at ``t_train`` was never trained on, so its groups
+        are withdrawn and their prompts re-queued; ``t_train`` goes back to the resumed version."""
+        assert self._previous is not None
+        batch, taken = self._previous
+        if self.last_batch is not None:
+            for entry in self._last_taken:
+                self.consumed_groups -= 1
+                self.staleness_histogram[self.last_batch.version - (entry.version or 0)] -= 1
+            self._requeue(self._last_taken)
+        self.last_batch, self._last_taken, self._previous = batch, taken, None
+        self.t_train = batch.version
+        self._asked = None
+        return batch
 
     def _group_out(self, entry: buffer.Entry[TaskSpec, Group], t: int) -> wire.GroupOut:
         assert entry.group is not None and entry.version is not None

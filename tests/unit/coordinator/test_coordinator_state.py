@@ -340,6 +340,32 @@ def test_batches_are_retried_safely_and_versions_never_go_back() -> None:
     assert s.announce(2).policy_version == 2  # repeating an announcement is harmless
 
 
+def test_a_trainer_that_dies_after_prefetching_resumes_with_its_batch_and_no_prompt_is_lost() -> None:
+    s = make_state(config(batch_size=1, max_staleness=1))
+    w = register(s)
+    for _ in range(2):
+        task = lease_one(s, w)
+        s.submit(w, task.task_id, group(s, task, 0), 0.0)
+    first = s.pull_batch(0, 0.0)  # the step 0 -> 1 ...
+    ahead = s.pull_batch(1, 0.0)  # ... prefetches the batch of 1, then the trainer is killed
+    assert first.ready and ahead.ready and s.t_train == 1 and s.consumed_groups == 2
+    pending = s.ledger.pending
+    # Its successor resumes from the newest published version, 0: the same batch as a retry gives.
+    assert s.pull_batch(0, 1.0) is first
+    assert s.t_train == 0 and s.consumed_groups == 1
+    assert s.ledger.pending == pending + 1 and s.requeued_prompts == 1  # the prefetched prompt is back
+    assert s.pull_batch(0, 1.0) is first
+    s.announce(1)
+    assert not s.pull_batch(1, 2.0).ready  # that group must be generated again
+    task = lease_one(s, w, 2.0)
+    s.submit(w, task.task_id, group(s, task, 1), 2.0)
+    assert s.pull_batch(1, 2.0).ready
+    s.announce(2)
+    with pytest.raises(state.Rejected):  # past a published version there is no going back
+        s.pull_batch(0, 3.0)
+    s.ledger.check()
+
+
 # ------------------------------------------------------------------------------------------- status
 def contract_example() -> dict[str, object]:
     text = CONTRACTS.read_text()
