@@ -125,7 +125,8 @@ FlakyProxy = Relay
 
 def child_env() -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
+    # The module imports the suite's services (tests/services): the child needs tests/ too.
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(HERE.parents[1]), env.get("PYTHONPATH", "")])
     return env
 
 
