@@ -704,10 +704,7 @@ class CoordinatorState:
             # The trainer checks a batch before training on it: the worker's groups in the batch it is
             # about to train on are withdrawn (counted as dropped, prompts re-queued), and a retry at that
             # version gets a new batch. A batch of an older version was trained on already.
-            for entry in handed:
-                self.consumed_groups -= 1
-                self.staleness_histogram[self.last_batch.version - (entry.version or 0)] -= 1
-            self._requeue(handed)
+            self._withdraw(handed, self.last_batch.version)
             self.dropped_quarantined += len(handed)
             self.last_batch, self._last_taken = None, []
         return wire.QuarantineReply(dropped_groups=len(doomed) + len(handed), released_leases=released)
@@ -782,14 +779,19 @@ class CoordinatorState:
         assert self._previous is not None
         batch, taken = self._previous
         if self.last_batch is not None:
-            for entry in self._last_taken:
-                self.consumed_groups -= 1
-                self.staleness_histogram[self.last_batch.version - (entry.version or 0)] -= 1
-            self._requeue(self._last_taken)
+            self._withdraw(self._last_taken, self.last_batch.version)
         self.last_batch, self._last_taken, self._previous = batch, taken, None
         self.t_train = batch.version
         self._asked = None
         return batch
+
+    def _withdraw(self, entries: list[buffer.Entry[TaskSpec, Group]], version: int) -> None:
+        """Take back groups handed out in the batch of ``version`` that no step will train on: they no
+        longer count as consumed, and their prompts go back to the front of the queue."""
+        for entry in entries:
+            self.consumed_groups -= 1
+            self.staleness_histogram[version - (entry.version or 0)] -= 1
+        self._requeue(entries)
 
     def _group_out(self, entry: buffer.Entry[TaskSpec, Group], t: int) -> wire.GroupOut:
         assert entry.group is not None and entry.version is not None
