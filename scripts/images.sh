@@ -103,6 +103,18 @@ if ! flock -n 7; then
   flock 7
 fi
 
+# A build killed outright (SIGKILL: no EXIT trap runs) leaves its namespace echorl-build-<pid> and
+# perhaps its package index inside it. Remove every one whose images.sh is gone; a live one may be
+# another store's build.
+for path in /run/netns/echorl-build-*; do
+  [ -e "$path" ] || continue
+  owner=${path##*-}
+  if [ "$owner" != $$ ] && grep -qs images.sh "/proc/$owner/cmdline"; then continue; fi
+  stale=${path##*/}
+  ip netns pids "$stale" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+  ip netns delete "$stale" && log "removed the network namespace $stale left by a killed build"
+done
+
 # --- 1. the base: Debian packages, no registry -----------------------------------------------
 base="localhost/echorl/debian-python:$(printf '%s\n' "$RECIPE" "$SUITE" "$MIRROR" "$BASE_PACKAGES" | sha 12)"
 if ! pm image exists "$base"; then

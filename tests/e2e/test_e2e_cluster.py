@@ -4,11 +4,13 @@ from inside pods, and a network namespace with no way out."""
 from __future__ import annotations
 
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 from e2e_kit import E2E
 
-from services.cluster import Cluster
+from services.cluster import Cluster, build_images
 
 # The first e2e test's setup waits for the images (built in the background while the other tiers
 # ran; a cold build takes half an hour), starts the cluster and installs Echo.
@@ -74,3 +76,31 @@ def test_the_node_is_real_and_its_pods_reach_services_by_dns_name(e2e: E2E) -> N
     out = e2e.kubectl("logs", "probe")
     assert e2e.json("get", "pod", "probe")["status"]["phase"] == "Succeeded", out
     assert out.split() == [e2e.cluster.addresses.apiserver_service_ip, "200"]
+
+
+def test_a_namespace_left_by_a_killed_image_build_is_removed_by_the_next_build(
+    kube_cluster: Cluster, tmp_path: Path
+) -> None:
+    # SIGKILL gives scripts/images.sh no EXIT trap: its echorl-build-<pid> namespace stays, with
+    # whatever ran inside. The next build (instant here: the images exist) must remove both.
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    name = f"echorl-build-{gone.pid}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    lingering = subprocess.Popen(["ip", "netns", "exec", name, "sleep", "600"])
+    try:
+        for _ in range(100):  # until the sleep runs in there (ip netns exec has exec'd it)
+            pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout
+            if str(lingering.pid) in pids.split():
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail(f"the process never entered {name}")
+        build_images(tmp_path / "images.log")
+        assert not (Path("/run/netns") / name).exists()
+        assert lingering.wait(timeout=30) == -9
+        assert f"removed the network namespace {name}" in (tmp_path / "images.log").read_text()
+    finally:
+        if lingering.poll() is None:
+            lingering.kill()
+        subprocess.run(["ip", "netns", "delete", name], capture_output=True)
