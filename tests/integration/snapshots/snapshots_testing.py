@@ -21,7 +21,6 @@ from typing import Any
 from echo_runtime.snapshots import blobs, retry, s3
 from echo_runtime.snapshots.local import LocalBlobs
 from echo_runtime.snapshots.store import SnapshotStore
-from services.relay import Relay
 
 MiB = 1024 * 1024
 HERE = Path(__file__).resolve().parent
@@ -119,14 +118,9 @@ class CountingBlobs:
         return self.inner.cache_key
 
 
-FlakyProxy = Relay
-"""A loopback TCP proxy that resets the first ``drop`` connections, then forwards faithfully."""
-
-
 def child_env() -> dict[str, str]:
     env = dict(os.environ)
-    # The module imports the suite's services (tests/services): the child needs tests/ too.
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(HERE.parents[1]), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
     return env
 
 

@@ -12,12 +12,13 @@ import time
 from pathlib import Path
 
 import pytest
-from snapshots_testing import FlakyProxy, Target, write_payload
+from snapshots_testing import Target, write_payload
 
 from echo_runtime.snapshots import errors, open_store, retry, s3
 from echo_runtime.spec import Storage
 from services.minio import MinioBucket
 from services.procs import free_ports
+from services.relay import Relay
 
 pytestmark = pytest.mark.services
 
@@ -115,7 +116,7 @@ def test_transient_network_errors_are_retried(
     target.open().publish(
         1, write_payload(tmp_path / "src", 1, [3000, 6 * 1024 * 1024]), kind="full", base_model="m"
     )
-    proxy = FlakyProxy(minio.endpoint, drop=2)
+    proxy = Relay(minio.endpoint, drop=2)
     try:
         store = target.open(
             endpoint=f"http://{proxy.endpoint}", backoff=retry.Backoff(attempts=4, base_s=0.01, max_s=0.05)
