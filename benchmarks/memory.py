@@ -94,9 +94,9 @@ def one_variant(args: argparse.Namespace) -> dict[str, Any]:
     from peft import get_peft_model
     from transformers import Qwen3ForCausalLM
 
+    from echo_runtime.rollout import Rollout
     from echo_runtime.spec.policy import Model
     from echo_runtime.trainer import loss, policy
-    from echo_runtime.trainer.batch import Rollout
 
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)

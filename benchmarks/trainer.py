@@ -44,8 +44,8 @@ def make_batch(policy: Any, groups: int, n: int, prompt_len: int, completion_len
     """Fresh rollouts whose behaviour log-probs are the policy's own plus small noise (a backend's rounding)."""
     import torch
 
+    from echo_runtime.rollout import Batch, Group, Rollout
     from echo_runtime.trainer import policy as trainer_policy
-    from echo_runtime.trainer.batch import Batch, Group, Rollout
 
     rng = random.Random(seed)
     vocab = int(policy.model.config.vocab_size)

@@ -2,7 +2,8 @@
 
 Every backend (``transformers``, ``mlx``, ``vllm``) implements :class:`Backend`. Promises:
 
-* ``sample`` returns, for each prompt, ``n`` :class:`Sample` s whose ``logprobs[i]`` is the
+* ``sample`` returns, for each prompt, ``n`` rollouts (:class:`echo_runtime.rollout.Rollout`, Echo's
+  one rollout type, built by :func:`echo_runtime.rollout.sampled`) whose ``logprobs[i]`` is the
   *behaviour log-probability* of ``completion_ids[i]``: ``log softmax(logits / temperature)`` at that
   position under the currently applied snapshot — the quantity the trainer recomputes (top-p, if
   used, restricts what can be sampled but is not folded into the reported log-prob).
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from echo_runtime.models.prompts import Prompt
+from echo_runtime.rollout import Rollout
 
 SnapshotKind = Literal["lora", "full"]
 
@@ -37,19 +39,6 @@ class SamplingParams:
     top_p: float = 1.0
     max_new_tokens: int = 32
     seed: int | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Sample:
-    """One sampled completion with its behaviour log-probs."""
-
-    text: str
-    """The decoded completion (without the EOS token)."""
-    prompt_ids: tuple[int, ...]
-    completion_ids: tuple[int, ...]
-    logprobs: tuple[float, ...]
-    """Behaviour log-prob of each completion token; ``len(logprobs) == len(completion_ids)``."""
-    finish_reason: Literal["stop", "length"]
 
 
 class Backend(Protocol):
@@ -70,7 +59,7 @@ class Backend(Protocol):
         """The prompt's ids as this backend feeds them to the model (the job's prompt style applied)."""
         ...
 
-    def sample(self, prompts: Sequence[Prompt], n: int, params: SamplingParams) -> list[list[Sample]]:
+    def sample(self, prompts: Sequence[Prompt], n: int, params: SamplingParams) -> list[list[Rollout]]:
         """``n`` completions for each prompt (text or chat messages), in prompt order."""
         ...
 

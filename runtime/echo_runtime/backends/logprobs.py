@@ -21,7 +21,7 @@ Promises:
 * :func:`token_logprobs` is pure and elementwise over the leading dimensions: the trainer calls it on a
   padded batch, a backend on one row; both get the same numbers for the same logits.
 * :func:`shifted_logprobs` is the trainer's form (every position predicts the next input token);
-  :func:`completion_logprobs` the backends' form (one sequence, the completion positions only). They agree
+  :func:`sequence_logprobs` the backends' form (one sequence, the completion positions only). They agree
   on the completion positions by construction: one calls the other's primitive on the same slice.
 """
 
@@ -129,7 +129,7 @@ def shifted_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature:
 
 
 @torch.no_grad()
-def completion_logprobs(
+def sequence_logprobs(
     model: torch.nn.Module,
     prompt_ids: Sequence[int],
     completion_ids: Sequence[int],

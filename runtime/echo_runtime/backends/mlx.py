@@ -42,6 +42,7 @@ from mlx.utils import tree_flatten, tree_unflatten  # type: ignore[import-not-fo
 from echo_runtime.backends import base, sampling, snapshot_files
 from echo_runtime.models import prompts
 from echo_runtime.models.prompts import Prompt
+from echo_runtime.rollout import Rollout
 
 _log = logging.getLogger(__name__)
 
@@ -352,15 +353,13 @@ class MlxBackend:
             values: Any = chosen.tolist()
         return [float(v) for v in values]
 
-    def sample(
-        self, prompts: Sequence[Prompt], n: int, params: base.SamplingParams
-    ) -> list[list[base.Sample]]:
+    def sample(self, prompts: Sequence[Prompt], n: int, params: base.SamplingParams) -> list[list[Rollout]]:
         sampling.check_request(prompts, n, params)
         encoded = [self.encode(p) for p in prompts]
         by_length: dict[int, list[int]] = defaultdict(list)
         for row, ids in enumerate(ids for ids in encoded for _ in range(n)):
             by_length[len(ids)].append(row)
-        results: dict[int, base.Sample] = {}
+        results: dict[int, Rollout] = {}
         with mx.stream(self._stream_device):
             key = mx.random.key(sampling.resolve_seed(params.seed))
             for length in sorted(by_length):

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from echo_runtime import rollout
 from echo_runtime.backends import base
 from echo_runtime.models import prompts
 
@@ -87,8 +88,8 @@ def finish(
     token_ids: Iterable[int],
     logprobs: Iterable[float],
     eos_ids: frozenset[int],
-) -> base.Sample:
-    """A :class:`~echo_runtime.backends.base.Sample` from a raw sampled stream (cut at its first EOS)."""
+) -> rollout.Rollout:
+    """A rollout (:func:`echo_runtime.rollout.sampled`) from a raw sampled stream (cut at its first EOS)."""
     completion: list[int] = []
     values: list[float] = []
     stopped = False
@@ -99,11 +100,11 @@ def finish(
             stopped = True
             break
     text_ids = completion[:-1] if stopped else completion
-    return base.Sample(
+    return rollout.sampled(
+        prompt_ids,
+        completion,
+        values,
         text=tokenizer.decode(text_ids, skip_special_tokens=False),
-        prompt_ids=tuple(int(i) for i in prompt_ids),
-        completion_ids=tuple(completion),
-        logprobs=tuple(values),
         finish_reason="stop" if stopped else "length",
     )
 

@@ -35,6 +35,7 @@ import torch
 from echo_runtime.backends import base, logprobs, sampling, snapshot_files
 from echo_runtime.models import prompts
 from echo_runtime.models.prompts import Prompt
+from echo_runtime.rollout import Rollout
 
 _log = logging.getLogger(__name__)
 
@@ -261,16 +262,14 @@ class TransformersBackend:
     def score_logprobs(
         self, prompt_ids: Sequence[int], completion_ids: Sequence[int], temperature: float
     ) -> list[float]:
-        return logprobs.completion_logprobs(self.model, prompt_ids, completion_ids, temperature, self.device)
+        return logprobs.sequence_logprobs(self.model, prompt_ids, completion_ids, temperature, self.device)
 
-    def sample(
-        self, prompts: Sequence[Prompt], n: int, params: base.SamplingParams
-    ) -> list[list[base.Sample]]:
+    def sample(self, prompts: Sequence[Prompt], n: int, params: base.SamplingParams) -> list[list[Rollout]]:
         sampling.check_request(prompts, n, params)
         encoded = [self.encode(p) for p in prompts]
         rows = [ids for ids in encoded for _ in range(n)]
         generator = self._generator(sampling.resolve_seed(params.seed))
-        flat: list[base.Sample] = []
+        flat: list[Rollout] = []
         for start in range(0, len(rows), self.max_batch_rows):
             chunk = rows[start : start + self.max_batch_rows]
             tokens, values = self._decode(chunk, params, generator)

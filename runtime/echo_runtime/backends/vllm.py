@@ -32,6 +32,7 @@ from typing import Any
 from echo_runtime.backends import base, sampling, snapshot_files
 from echo_runtime.models import prompts
 from echo_runtime.models.prompts import Prompt
+from echo_runtime.rollout import Rollout
 
 INSTALL_HINT = "the vllm backend needs CUDA and the `vllm` extra (pip install 'echorl[vllm]')"
 
@@ -99,7 +100,7 @@ def to_sample(
     token_ids: Sequence[int],
     logprobs: Sequence[Mapping[int, Any]],
     eos_ids: frozenset[int],
-) -> base.Sample:
+) -> Rollout:
     """An Echo sample from one vLLM ``CompletionOutput`` (``token_ids`` and its per-position logprob maps,
     each holding at least the sampled token with a ``.logprob``)."""
     if len(logprobs) != len(token_ids):
@@ -195,9 +196,7 @@ class VllmBackend:
                 remove(previous.lora_int_id)
         self._version = version
 
-    def sample(
-        self, prompts: Sequence[Prompt], n: int, params: base.SamplingParams
-    ) -> list[list[base.Sample]]:
+    def sample(self, prompts: Sequence[Prompt], n: int, params: base.SamplingParams) -> list[list[Rollout]]:
         from vllm import SamplingParams as VllmSamplingParams  # type: ignore[import-not-found,unused-ignore]
 
         sampling.check_request(prompts, n, params)

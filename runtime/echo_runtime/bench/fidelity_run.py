@@ -251,14 +251,14 @@ def _trainer_logprobs(
     """The trainer's recomputation: right-padded batches through the policy, as a step computes them."""
     import torch
 
-    from echo_runtime.trainer import batch as trainer_batch
+    from echo_runtime.rollout import Rollout
     from echo_runtime.trainer import policy as trainer_policy
 
     out: list[list[float]] = []
     for start in range(0, len(samples), rows):
         chunk = samples[start : start + rows]
         rollouts = [
-            trainer_batch.Rollout(
+            Rollout(
                 prompt_ids=tuple(p),
                 completion_ids=tuple(s.completion_ids),
                 logprobs=tuple(s.logprobs),

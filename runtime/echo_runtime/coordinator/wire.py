@@ -132,11 +132,11 @@ class ChatMessage(WireModel):
     content: str = Field(max_length=MAX_COMPLETION_CHARS)
 
 
-Prompt = str | list[ChatMessage]
+PromptBody = str | list[ChatMessage]
 """A task's prompt: text, or chat messages (``task.promptFormat`` decides how it is rendered)."""
 
 
-def plain_prompt(prompt: Prompt) -> str | tuple[dict[str, str], ...]:
+def plain_prompt(prompt: PromptBody) -> str | tuple[dict[str, str], ...]:
     """The prompt as the tasks, backends and the trainer take it: text, or messages as plain dicts."""
     if isinstance(prompt, str):
         return prompt
@@ -154,7 +154,7 @@ class TaskOut(WireModel):
 
     task_id: str
     problem_id: str
-    prompt: Prompt
+    prompt: PromptBody
     group_size: int
     min_version: int
     """Generate with a loaded version ≥ this (pacing: the oldest whose group is still consumed in
@@ -270,7 +270,7 @@ class RolloutOut(WireModel):
 class GroupOut(WireModel):
     task_id: str
     problem_id: str
-    prompt: Prompt
+    prompt: PromptBody
     worker_id: str
     policy_version: int
     """The oldest version among the group's rollouts."""

@@ -28,6 +28,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
+from echo_runtime.tasks import base as tasks_base
+
 if TYPE_CHECKING:
     from echo_runtime.spec.policy import Task
 
@@ -37,8 +39,8 @@ PromptFormat = Literal["Auto", "Chat", "Raw"]
 Message: TypeAlias = Mapping[str, Any]
 """One chat message: ``{"role": "system" | "user" | "assistant" | ..., "content": str}``."""
 
-Prompt: TypeAlias = str | Sequence[Any]
-"""Text, or a sequence of chat messages (mappings, or objects with ``role`` and ``content``)."""
+Prompt: TypeAlias = tasks_base.Prompt
+"""Text, or chat messages: the one in-process prompt type (:data:`echo_runtime.tasks.base.Prompt`)."""
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 

@@ -34,6 +34,7 @@ must be 1.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -46,7 +47,7 @@ from typing import Any
 
 import torch
 
-from echo_runtime import spec, staleness
+from echo_runtime import rollout, spec, staleness
 from echo_runtime.backends import base as backend_base
 from echo_runtime.runner import local, metrics
 from echo_runtime.tasks import base as tasks_base
@@ -95,10 +96,8 @@ def sample_batch(
     task: tasks_base.Task,
     algorithm: spec.Algorithm,
     version: int,
-) -> Any:
-    """Sample and score one batch at ``version`` with the current weights; a trainer ``Batch``."""
-    from echo_runtime.trainer import batch as trainer_batch
-
+) -> rollout.Batch:
+    """Sample and score one batch at ``version`` with the current weights: what a step consumes."""
     params = backend_base.SamplingParams(
         temperature=algorithm.sampling.temperature,
         top_p=algorithm.sampling.top_p,
@@ -113,21 +112,23 @@ def sample_batch(
         module.train(was_training)
     groups = []
     for i, (problem, group) in enumerate(zip(problems, samples, strict=True)):
-        rollouts = tuple(
-            trainer_batch.Rollout(
-                prompt_ids=s.prompt_ids,
-                completion_ids=s.completion_ids,
-                logprobs=tuple(min(0.0, lp) for lp in s.logprobs),  # as a worker submits them
-                reward=task.score(problem, s.text).value,
-                policy_version=version,
-                backend=backend.name,
-                device=backend.device,
-                dtype=backend.dtype,
+        scored = []
+        for s in group:
+            reward = task.score(problem, s.text)
+            scored.append(
+                dataclasses.replace(
+                    s,
+                    reward=reward.value,
+                    reward_components=dict(reward.components),
+                    reward_reason=reward.reason,
+                    policy_version=version,
+                    backend=backend.name,
+                    device=backend.device,
+                    dtype=backend.dtype,
+                )
             )
-            for s in group
-        )
-        groups.append(trainer_batch.Group(rollouts=rollouts, id=f"c{version}-{i}"))
-    return trainer_batch.Batch(version=version, groups=tuple(groups))
+        groups.append(rollout.Group(rollouts=tuple(scored), id=f"c{version}-{i}"))
+    return rollout.Batch(version=version, groups=tuple(groups))
 
 
 def status_record(

@@ -55,13 +55,14 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from echo_runtime import staleness
-from echo_runtime.coordinator import wire
+from echo_runtime.coordinator import convert, wire
 from echo_runtime.models.prompts import Prompt, PromptStyle
+from echo_runtime.rollout import Batch
 from echo_runtime.snapshots import deltas, manifest
 from echo_runtime.spec.load import ResolvedJob
 from echo_runtime.trainer import checkpoint as ckpt
 from echo_runtime.trainer import distributed, overlap, step, verify
-from echo_runtime.trainer.batch import Batch, batch_from_wire, shard
+from echo_runtime.trainer.batch import shard
 from echo_runtime.trainer.policy import TrainablePolicy, load_policy
 
 _log = logging.getLogger(__name__)
@@ -473,8 +474,9 @@ def _next_batch(
                 reply = coordinator.wait_batch(version, timeout=timeout, step_seconds=step_seconds)
             if reply.version != version:
                 raise RuntimeError(f"asked for the batch at version {version}, got one for {reply.version}")
-            groups = [g.model_dump(by_alias=True) for g in reply.groups]
-            batch, checked = trainer.check(batch_from_wire(version, groups, trainer.encode), coordinator)
+            batch, checked = trainer.check(
+                convert.batch_in(version, reply.groups, trainer.encode), coordinator
+            )
             if batch.groups:
                 return batch, checked
             _log.warning(

@@ -44,8 +44,8 @@ import torch
 from echo_runtime.backends import logprobs as shared_logprobs
 from echo_runtime.models import build as model_build
 from echo_runtime.models import load as model_load
+from echo_runtime.rollout import Rollout
 from echo_runtime.spec.policy import Model, Task
-from echo_runtime.trainer.batch import Rollout
 
 Finetune = Literal["LoRA", "Full"]
 
@@ -67,7 +67,8 @@ class Packed:
     targets: torch.Tensor
     """``[rows, completion]``: the completion tokens (0 on padding)."""
     mask: torch.Tensor
-    """``[rows, completion]``: 1.0 for a completion token, 0.0 for padding."""
+    """``[rows, completion]``: 1.0 for a model token of the completion, 0.0 for padding and for an
+    environment's tokens (:attr:`echo_runtime.rollout.Rollout.loss_mask`)."""
     behaviour: torch.Tensor
     """``[rows, completion]``: behaviour log-probs (0.0 on padding)."""
 
@@ -91,8 +92,9 @@ def pack(rollouts: Sequence[Rollout], pad_id: int, device: torch.device | str = 
         attention[i, start - p : start + c] = 1
         keep[i, start - 1 : start - 1 + c] = True
         targets[i, :c] = torch.tensor(r.completion_ids, dtype=torch.long)
-        mask[i, :c] = 1.0
-        behaviour[i, :c] = torch.tensor(r.logprobs, dtype=torch.float32)
+        # An environment's ids in an episode are context, not actions: loss mask 0, no log-prob.
+        mask[i, :c] = torch.tensor(r.loss_mask, dtype=torch.float32) if r.kinds else 1.0
+        behaviour[i, :c] = torch.tensor(r.token_logprobs, dtype=torch.float32)
     position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
     return Packed(
         input_ids=input_ids.to(device),

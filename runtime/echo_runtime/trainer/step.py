@@ -41,9 +41,10 @@ from typing import Any
 import torch
 
 from echo_runtime import staleness
+from echo_runtime.rollout import Batch
 from echo_runtime.spec.policy import Algorithm
 from echo_runtime.trainer import loss
-from echo_runtime.trainer.batch import Batch, Slot, micro_batches
+from echo_runtime.trainer.batch import Slot, micro_batches
 from echo_runtime.trainer.policy import Packed, TrainablePolicy, completion_logprobs, pack
 
 MAX_GRAD_NORM = 1.0

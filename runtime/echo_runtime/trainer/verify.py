@@ -33,7 +33,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from echo_runtime.trainer.batch import Batch, Rollout
+from echo_runtime.rollout import Batch, Rollout
 from echo_runtime.trainer.policy import TrainablePolicy, completion_logprobs, pack
 
 _SYSTEM_RANDOM = secrets.SystemRandom()

@@ -32,7 +32,7 @@ from typing import IO, Any
 
 from echo_runtime.backends import base as backend_base
 from echo_runtime.coordinator import client as coord
-from echo_runtime.coordinator import wire
+from echo_runtime.coordinator import convert, wire
 from echo_runtime.snapshots import SnapshotStore
 
 log = logging.getLogger("echorl.worker")
@@ -233,16 +233,7 @@ class Worker:
         seconds = self._clock() - started
         self.sample_seconds += seconds
         for task, samples in zip(tasks, groups, strict=True):
-            rollouts = [
-                wire.RolloutIn(
-                    completion=s.text,
-                    token_ids=list(s.completion_ids),
-                    logprobs=[min(0.0, lp) for lp in s.logprobs],
-                    policy_version=version,
-                    finish_reason=s.finish_reason,
-                )
-                for s in samples
-            ]
+            rollouts = [convert.submission(s, version) for s in samples]
             try:
                 reply = self._submit(task.task_id, rollouts, version)
             except coord.LeaseLost as exc:

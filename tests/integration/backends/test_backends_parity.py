@@ -18,7 +18,7 @@ import torch
 
 from echo_runtime.backends import base, snapshot_files
 from echo_runtime.models import load as model_load
-from echo_runtime.trainer import batch as trainer_batch
+from echo_runtime.rollout import Rollout
 from echo_runtime.trainer import policy as trainer_policy
 
 TOLERANCE = 1e-4
@@ -45,10 +45,10 @@ def _reference_model(model_dir: Path, stage: str, snapshot: Path | None) -> Any:
 
 
 def _trainer_logprobs(
-    model: Any, samples: list[base.Sample], pad_id: int, temperature: float
+    model: Any, samples: list[Rollout], pad_id: int, temperature: float
 ) -> list[list[float]]:
     rollouts = [
-        trainer_batch.Rollout(
+        Rollout(
             prompt_ids=s.prompt_ids,
             completion_ids=s.completion_ids,
             logprobs=s.logprobs,

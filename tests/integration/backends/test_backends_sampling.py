@@ -14,12 +14,13 @@ import pytest
 import torch
 
 from echo_runtime.backends import base
+from echo_runtime.rollout import Rollout
 
 BACKENDS = ["transformers", "mlx"]
 PROMPTS = ["What is 12 + 30?", "Solve: 7 * 6 =", "A knight says: I am a knave.", "x", "What is 12 + 30?"]
 
 
-def _max_gap(backend: Any, samples: list[base.Sample], temperature: float) -> float:
+def _max_gap(backend: Any, samples: list[Rollout], temperature: float) -> float:
     worst = 0.0
     for s in samples:
         scored = backend.score_logprobs(s.prompt_ids, s.completion_ids, temperature)

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from echo_runtime.backends import base
+from echo_runtime.rollout import Rollout
 from echo_runtime.spec.policy import LoRA, Model
-from echo_runtime.trainer import batch as trainer_batch
 from echo_runtime.trainer import policy as trainer_policy
 
 
@@ -39,7 +39,7 @@ def test_trainer_snapshots_sample_with_the_trainers_logprobs(
         params = base.SamplingParams(temperature=0.8, max_new_tokens=12, seed=0)
         samples = [s for group in backend.sample(["What is 3 + 4?", "x y"], 3, params) for s in group]
         rollouts = [
-            trainer_batch.Rollout(
+            Rollout(
                 prompt_ids=s.prompt_ids,
                 completion_ids=s.completion_ids,
                 logprobs=s.logprobs,

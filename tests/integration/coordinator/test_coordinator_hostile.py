@@ -41,6 +41,7 @@ from echo_runtime.backends import base as backend_base
 from echo_runtime.backends.transformers import TransformersBackend
 from echo_runtime.coordinator import client, wire
 from echo_runtime.models import build
+from echo_runtime.rollout import Rollout
 from services import procs
 
 pytestmark = pytest.mark.timeout(600)
@@ -166,9 +167,7 @@ def wait_trainer(job: Job, timeout: float = 400.0) -> None:
     assert code == 0, trainer.describe_failure(f"the trainer exited with {code}")
 
 
-def sample(
-    backend: TransformersBackend, lock: threading.Lock, task: wire.TaskOut
-) -> list[backend_base.Sample]:
+def sample(backend: TransformersBackend, lock: threading.Lock, task: wire.TaskOut) -> list[Rollout]:
     params = backend_base.SamplingParams(
         temperature=task.sampling.temperature,
         top_p=task.sampling.top_p,
@@ -178,9 +177,7 @@ def sample(
         return backend.sample([task.prompt], task.group_size, params)[0]
 
 
-def rollouts(
-    samples: list[backend_base.Sample], version: int, **change: Callable[[Any], Any]
-) -> list[wire.RolloutIn]:
+def rollouts(samples: list[Rollout], version: int, **change: Callable[[Any], Any]) -> list[wire.RolloutIn]:
     out = []
     for s in samples:
         fields: dict[str, Any] = {

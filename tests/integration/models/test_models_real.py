@@ -21,12 +21,12 @@ from echo_runtime import spec, tasks
 from echo_runtime.backends import base as backend_base
 from echo_runtime.backends import sampling
 from echo_runtime.backends.transformers import TransformersBackend
+from echo_runtime.coordinator import convert, wire
 from echo_runtime.models import build, pretrained, resolve, warmup
 from echo_runtime.models.prompts import PromptStyle
 from echo_runtime.trainer import distributed
 from echo_runtime.trainer import loop as trainer_loop
 from echo_runtime.trainer import policy as trainer_policy
-from echo_runtime.trainer.batch import batch_from_wire
 
 REPO = Path(__file__).resolve().parents[3]
 QUESTION = "What is 17 + 25? Answer with the number only."
@@ -143,20 +143,32 @@ def test_worker_trainer_and_evaluator_see_the_same_chat_prompt(
         assert (s.completion_ids[-1] == 2) == (s.finish_reason == "stop") and "<|im_end|>" not in s.text
     # The trainer: its own tokenizer and the job's style, from the wire's prompt text.
     trainer = trainer_loop.Trainer.build(job, distributed.World(), smollm2_dir)
-    group = {
-        "taskId": "t1",
-        "prompt": problem.prompt,
-        "rollouts": [
-            {
-                "tokenIds": list(s.completion_ids),
-                "logprobs": list(s.logprobs),
-                "reward": 0.0,
-                "policyVersion": 0,
-            }
+    group = wire.GroupOut(
+        task_id="t1",
+        problem_id=problem.id,
+        prompt=problem.prompt,
+        worker_id="w",
+        policy_version=0,
+        staleness=0,
+        importance_weighted=False,
+        rollouts=[
+            wire.RolloutOut(
+                completion=s.text,
+                token_ids=list(s.completion_ids),
+                logprobs=list(s.logprobs),
+                policy_version=0,
+                staleness=0,
+                reward=0.0,
+                reward_components={},
+                reward_reason="",
+                backend="transformers",
+                device="cpu",
+                dtype="float32",
+            )
             for s in samples
         ],
-    }
-    batch = batch_from_wire(0, [group], trainer.encode)
+    )
+    batch = convert.batch_in(0, [group], trainer.encode)
     assert all(r.prompt_ids == samples[0].prompt_ids for r in batch.rollouts)
     with torch.no_grad():
         packed = trainer_policy.pack(batch.rollouts, trainer.policy.pad_id)

@@ -19,10 +19,11 @@ import torch
 from trainer_scripted import ScriptedCoordinator, make_job
 
 from echo_runtime import staleness
+from echo_runtime.rollout import Batch, Group, Rollout
 from echo_runtime.snapshots import open_store, payloads
 from echo_runtime.spec.policy import LoRA, Model
 from echo_runtime.trainer import distributed, loop, step
-from echo_runtime.trainer.batch import Batch, Group, Rollout, shard
+from echo_runtime.trainer.batch import shard
 from echo_runtime.trainer.policy import load_policy
 
 RULE = staleness.StalenessPolicy(mode="Async", max_staleness=1, stale_action="ImportanceWeight")

@@ -40,13 +40,13 @@ def test_token_logprobs_is_log_softmax_of_scaled_float32_logits() -> None:
 def test_completion_and_shifted_forms_agree() -> None:
     model = _ToyLM()
     prompt, completion = [3, 1, 4], [1, 5, 9, 2]
-    single = logprobs.completion_logprobs(model, prompt, completion, 0.8)
+    single = logprobs.sequence_logprobs(model, prompt, completion, 0.8)
     ids = torch.tensor([prompt + completion])
     batched = logprobs.shifted_logprobs(model(ids).logits, ids, 0.8)[0, len(prompt) - 1 :]
     assert single == pytest.approx(batched.tolist(), abs=1e-6)
-    assert logprobs.completion_logprobs(model, prompt, [], 1.0) == []
+    assert logprobs.sequence_logprobs(model, prompt, [], 1.0) == []
     with pytest.raises(ValueError, match="at least one token"):
-        logprobs.completion_logprobs(model, [], [1], 1.0)
+        logprobs.sequence_logprobs(model, [], [1], 1.0)
 
 
 @pytest.mark.parametrize("temperature", [0.0, -1.0, float("inf"), float("nan")])

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from echo_runtime.backends import base, sampling
+from echo_runtime.rollout import Rollout
 
 
 class _Tokenizer:
@@ -49,7 +50,7 @@ def test_check_request_accepts_good_requests() -> None:
 def test_finish_cuts_at_the_first_eos_and_keeps_it() -> None:
     tok = _Tokenizer()
     s = sampling.finish(tok, [104, 105], [97, 98, 0, 99, 0], [-1.0, -2.0, -3.0, -4.0, -5.0], frozenset({0}))
-    assert s == base.Sample(
+    assert s == Rollout(
         text="ab",
         prompt_ids=(104, 105),
         completion_ids=(97, 98, 0),

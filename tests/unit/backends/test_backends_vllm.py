@@ -13,6 +13,7 @@ import pytest
 
 from echo_runtime.backends import base
 from echo_runtime.backends import vllm as vllm_backend
+from echo_runtime.rollout import Rollout
 
 
 def test_sampling_params_kwargs() -> None:
@@ -78,7 +79,7 @@ class _Tokenizer:
 def test_to_sample_reads_the_sampled_tokens_logprob_and_stops_at_eos() -> None:
     logprobs = [{5: _Logprob(-0.5), 9: _Logprob(-0.1)}, {6: _Logprob(-1.5)}, {2: _Logprob(-0.25)}]
     sample = vllm_backend.to_sample(_Tokenizer(), [1, 2], [5, 6, 2], logprobs, frozenset({2}))
-    assert sample == base.Sample(
+    assert sample == Rollout(
         text="5 6",
         prompt_ids=(1, 2),
         completion_ids=(5, 6, 2),

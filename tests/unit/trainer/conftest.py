@@ -9,7 +9,7 @@
     :class:`~echo_runtime.trainer.policy.TrainablePolicy` on the tiny model, LoRA ``A`` seeded.
 ``make_batch``
     ``make_batch(policy, version, groups=..., n=..., versions=..., backends=..., offsets=..., seed=...)``
-    → a :class:`~echo_runtime.trainer.batch.Batch` of random token ids whose behaviour log-probs are the
+    → a :class:`~echo_runtime.rollout.Batch` of random token ids whose behaviour log-probs are the
     policy's own (so ρ = 1) plus a per-backend offset; rewards are 0/1.
 """
 
@@ -24,9 +24,9 @@ import pytest
 import torch
 
 from echo_runtime.models import build
+from echo_runtime.rollout import Batch, Group, Rollout
 from echo_runtime.spec.policy import LoRA, Model
 from echo_runtime.trainer import policy as trainer_policy
-from echo_runtime.trainer.batch import Batch, Group, Rollout
 
 
 @pytest.fixture(scope="session")

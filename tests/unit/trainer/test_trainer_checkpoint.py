@@ -12,9 +12,9 @@ import torch
 
 from echo_runtime import staleness
 from echo_runtime.backends import snapshot_files
+from echo_runtime.rollout import Batch
 from echo_runtime.trainer import checkpoint as ckpt
 from echo_runtime.trainer import step
-from echo_runtime.trainer.batch import Batch
 from echo_runtime.trainer.policy import TrainablePolicy
 
 POLICY = staleness.StalenessPolicy(max_staleness=1)

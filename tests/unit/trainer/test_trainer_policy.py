@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from echo_runtime.backends import logprobs as shared
+from echo_runtime.rollout import Rollout
 from echo_runtime.spec.policy import LoRA, Model
 from echo_runtime.trainer import policy as trainer_policy
-from echo_runtime.trainer.batch import Rollout
 
 
 def rollouts(seed: int, shapes: list[tuple[int, int]]) -> list[Rollout]:
@@ -56,7 +56,7 @@ def test_selective_log_probs_equal_unpadded_and_naive_ones(
     mask = packed.mask.bool()
     assert (selective - naive).abs()[mask].max().item() < 2e-6
     for i, r in enumerate(rs):
-        alone = shared.completion_logprobs(
+        alone = shared.sequence_logprobs(
             policy.model, list(r.prompt_ids), list(r.completion_ids), temperature
         )
         assert selective[i, : len(alone)].tolist() == pytest.approx(alone, abs=2e-6)

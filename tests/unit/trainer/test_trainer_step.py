@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from echo_runtime import staleness
+from echo_runtime.rollout import Batch, Group, Rollout
 from echo_runtime.trainer import step
-from echo_runtime.trainer.batch import Batch, Group, Rollout, shard
+from echo_runtime.trainer.batch import shard
 from echo_runtime.trainer.policy import TrainablePolicy, completion_logprobs, pack
 
 ASYNC_IW = staleness.StalenessPolicy(mode="Async", max_staleness=1, stale_action="ImportanceWeight")

@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 import pytest
 
+from echo_runtime.rollout import Batch
 from echo_runtime.trainer import verify
-from echo_runtime.trainer.batch import Batch
 from echo_runtime.trainer.policy import TrainablePolicy
 
 
