@@ -127,6 +127,7 @@ class Plan:
     max_staleness: int | None
     reward_mean: float | None
     total_tokens: int
+    """Model tokens of the admitted rollouts (an environment's tokens are not in the loss)."""
     backends: tuple[str, ...]
     """Backend names of the admitted rollouts, sorted (fixes the layout of the mismatch metrics)."""
     workers: tuple[tuple[str, int], ...] = ()
@@ -164,7 +165,7 @@ def plan_step(batch: Batch, policy: staleness.StalenessPolicy) -> Plan:
         weighted_groups=weighted,
         max_staleness=max_seen,
         reward_mean=sum(rewards) / len(rewards) if rewards else None,
-        total_tokens=sum(len(s.rollout.completion_ids) for s in slots),
+        total_tokens=sum(s.rollout.model_tokens for s in slots),
         backends=tuple(sorted({s.rollout.backend for s in slots})),
         workers=tuple(sorted(per_worker.items())),
     )
