@@ -41,7 +41,7 @@ import yaml
 from echo_operator import names
 from echo_operator.config import Settings
 from echo_runtime import spec as echo_spec
-from echo_runtime.spec import podtemplate
+from echo_runtime.spec import commands, podtemplate
 from echo_runtime.spec.podtemplate import PodTemplate
 
 if TYPE_CHECKING:
@@ -55,6 +55,19 @@ TLS_DIR = "/etc/echorl/tls"
 JOB_FILE = f"{CONFIG_DIR}/job.yaml"
 TOKENS_FILE = f"{TOKENS_DIR}/tokens.yaml"
 GPU = "nvidia.com/gpu"
+
+
+def _torchrun(swarm: echo_spec.TrainingSwarmSpec) -> tuple[str, ...]:
+    """torchrun across the trainer's pods: the world's shape and rank 0's address from
+    :func:`rendezvous_env` (Kubernetes expands ``$(VAR)`` in a command from the container's env)."""
+    return (
+        "torchrun", "--no-python", "--nnodes=$(NNODES)", "--nproc-per-node=$(NPROC_PER_NODE)",
+        "--node-rank=$(NODE_RANK)", "--master-addr=$(MASTER_ADDR)", "--master-port=$(MASTER_PORT)", "echorl",
+    )  # fmt: skip
+
+
+PROGRAM = commands.Program(echorl=("echorl",), torchrun=_torchrun)
+"""``echorl`` as the images install it (`command`, not `args`: the whole argv, whatever the entrypoint)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -478,6 +491,22 @@ def join_secret(
 # Coordinator
 
 
+def coordinator_args(job: JobInput, settings: Settings) -> list[str]:
+    """``echorl coordinator`` in its pod, listening on every address."""
+    return commands.coordinator(
+        PROGRAM,
+        job_file=JOB_FILE,
+        tokens_file=TOKENS_FILE,
+        host="0.0.0.0",
+        port=names.COORDINATOR_PORT,
+        metrics_auth=settings.metrics_auth,
+        # TLS beside the plain port: pods in the cluster keep http, the external Service has only https.
+        tls=None
+        if job.tls is None
+        else commands.TLSFiles(f"{TLS_DIR}/tls.crt", f"{TLS_DIR}/tls.key", names.COORDINATOR_TLS_PORT),
+    )
+
+
 def coordinator_deployment(job: JobInput, settings: Settings) -> Object:
     config_volume, config_mount = _config_volume(job)
     scratch, scratch_mounts = _scratch_volumes(shm=False)
@@ -485,20 +514,7 @@ def coordinator_deployment(job: JobInput, settings: Settings) -> Object:
         "name": "coordinator",
         "image": settings.images.coordinator,
         "imagePullPolicy": settings.image_pull_policy,
-        # `command`, not `args`: the whole argv, whatever the image's entrypoint is.
-        "command": [
-            "echorl",
-            "coordinator",
-            "--job",
-            JOB_FILE,
-            "--tokens-file",
-            TOKENS_FILE,
-            "--host",
-            "0.0.0.0",
-            "--port",
-            str(names.COORDINATOR_PORT),
-            *(["--metrics-auth"] if settings.metrics_auth else []),
-        ],
+        "command": coordinator_args(job, settings),
         "ports": [{"name": "http", "containerPort": names.COORDINATOR_PORT, "protocol": "TCP"}],
         "env": _common_env() + _store_env(job.store, readonly=False),
         "readinessProbe": {
@@ -525,11 +541,6 @@ def coordinator_deployment(job: JobInput, settings: Settings) -> Object:
         *scratch,
     ]
     if job.tls is not None:
-        # TLS beside the plain port: pods in the cluster keep http, the external Service has only https.
-        container["command"] += [
-            "--tls-cert", f"{TLS_DIR}/tls.crt", "--tls-key", f"{TLS_DIR}/tls.key",
-            "--tls-port", str(names.COORDINATOR_TLS_PORT),
-        ]  # fmt: skip
         container["ports"].append(
             {"name": "https", "containerPort": names.COORDINATOR_TLS_PORT, "protocol": "TCP"}
         )
@@ -623,30 +634,13 @@ def is_gpu_pool(pool: echo_spec.InferenceSwarmSpec) -> bool:
 
 def worker_args(job: JobInput, pool: Pool) -> list[str]:
     """The ``echorl worker`` command line of a pool (the join token comes from ``ECHORL_TOKEN``)."""
-    p = pool.spec
-    args = [
-        "echorl",
-        "worker",
-        "--job",
-        JOB_FILE,
-        "--coordinator",
-        names.coordinator_url(job.name, job.namespace),
-        "--pool",
+    return commands.worker(
+        PROGRAM,
         pool.name,
-        "--backend",
-        p.backend,
-        "--device",
-        p.device,
-        "--capacity",
-        str(p.capacity),
-    ]
-    if p.dtype is not None:
-        args += ["--dtype", p.dtype]
-    if p.threads is not None:
-        args += ["--threads", str(p.threads)]
-    if p.gpus_per_replica is not None:
-        args += ["--tensor-parallel-size", str(p.gpus_per_replica)]
-    return args
+        pool.spec,
+        job_file=JOB_FILE,
+        coordinator_url=names.coordinator_url(job.name, job.namespace),
+    )
 
 
 def pool_hash(pool: Pool) -> str:
@@ -665,11 +659,12 @@ def pool_deployment(job: JobInput, pool: Pool, settings: Settings) -> Object | N
     scratch, scratch_mounts = _scratch_volumes(shm=gpu)
     env = [
         *_common_env(),
-        _secret_env("ECHORL_TOKEN", names.join_secret(job.name, pool.name), "token"),
+        _secret_env(commands.WORKER_TOKEN_ENV, names.join_secret(job.name, pool.name), "token"),
         *_store_env(job.store, readonly=True),
     ]
-    if p.threads is not None:
-        env.append({"name": "OMP_NUM_THREADS", "value": str(p.threads)})
+    threads = commands.worker_threads(p, None)
+    if threads is not None:
+        env.append({"name": "OMP_NUM_THREADS", "value": str(threads)})
     container: Object = {
         "name": "worker",
         "image": p.image or settings.images.worker(p.backend, p.device),
@@ -722,30 +717,15 @@ def pool_deployment(job: JobInput, pool: Pool, settings: Settings) -> Object | N
 
 def trainer_args(job: JobInput) -> list[str]:
     """``echorl trainer``, under torchrun when the group has more than one process."""
-    t = job.training
-    trainer = [
-        "echorl",
-        "trainer",
-        "--job",
-        JOB_FILE,
-        "--coordinator",
-        names.coordinator_url(job.name, job.namespace),
+    return commands.trainer(
+        PROGRAM,
+        job.training,
+        job_file=JOB_FILE,
+        coordinator_url=names.coordinator_url(job.name, job.namespace),
         # A restarted trainer (node lost, spec changed, resumed from suspend) continues from the
         # newest checkpoint in the store instead of refusing to overwrite it.
-        "--resume",
-    ]
-    if t.nodes * t.processes_per_node == 1:
-        return trainer
-    return [
-        "torchrun",
-        "--no-python",
-        "--nnodes=$(NNODES)",
-        "--nproc-per-node=$(NPROC_PER_NODE)",
-        "--node-rank=$(NODE_RANK)",
-        "--master-addr=$(MASTER_ADDR)",
-        "--master-port=$(MASTER_PORT)",
-        *trainer,
-    ]
+        resume=True,
+    )
 
 
 def rendezvous_env(job: JobInput) -> list[Object]:
@@ -771,7 +751,7 @@ def trainer_pod_spec(job: JobInput, settings: Settings) -> Object:
         _common_env()
         + rendezvous_env(job)
         + [
-            _secret_env("ECHORL_TRAINER_TOKEN", names.trainer_join_secret(job.name), "token"),
+            _secret_env(commands.TRAINER_TOKEN_ENV, names.trainer_join_secret(job.name), "token"),
             *_store_env(job.store, readonly=False),
         ]
     )

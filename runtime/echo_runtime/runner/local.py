@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import shlex
 import shutil
 import socket
 import sys
@@ -39,8 +40,22 @@ from typing import Any
 from echo_runtime import spec
 from echo_runtime.runner import console, cpus, metrics, plots, restarts
 from echo_runtime.runner.procs import Child, NotHealthy, Processes, wait_healthy
+from echo_runtime.spec import commands
 
-ECHORL = [sys.executable, "-m", "echo_runtime.cli"]
+
+def _standalone_torchrun(swarm: spec.TrainingSwarmSpec) -> tuple[str, ...]:
+    """torchrun on this one machine: ``processesPerNode`` ranks meeting on a port it picks itself."""
+    return (
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc-per-node={swarm.processes_per_node}", "-m", "echo_runtime.cli",
+    )  # fmt: skip
+
+
+PROGRAM = commands.Program(echorl=(sys.executable, "-m", "echo_runtime.cli"), torchrun=_standalone_torchrun)
+"""``echorl`` as this interpreter runs it (the console script may not be on PATH)."""
+HEARTBEAT_INTERVAL_S = 1.0
+LEASE_TIMEOUT_S = 15.0
+"""Every process shares this machine: a dead worker's leases are re-issued sooner than in a cluster."""
 
 
 class RunError(RuntimeError):
@@ -156,33 +171,15 @@ class LocalRun:
         (self.dir / "run.json").write_text(
             json.dumps({"job": self.job.name, "t0": self.t0, "source": str(self.source)})
         )
-        job_file = str(self.dir / "job.yaml")
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        self.procs.start(
-            "coordinator",
-            [
-                *ECHORL,
-                "coordinator",
-                "--job",
-                job_file,
-                "--port",
-                str(port),
-                "--tokens-file",
-                str(self.dir / "tokens.json"),
-                "--heartbeat-interval",
-                "1",
-                "--lease-timeout",
-                "15",
-            ],
-            env=_thread_env(1),
-        )
-        self._wait_healthy()
-        pools = [(name, pool) for name, pool in self.job.inference_pools if not pool.external]
-        n_workers = sum(p.replicas if p.replicas is not None else 1 for _, p in pools)
+        n_workers = len(self._workers())
         n_cores = self.options.cores or os.cpu_count() or 1
         plan = cpus.plan_cores(n_cores, n_workers)
         self.plan = plan
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        argvs = self.command_lines(port, plan)
+        self.procs.start("coordinator", argvs.pop("coordinator"), env=_thread_env(1))
+        self._wait_healthy()
         self.echo(
             f"processes: coordinator, trainer ({plan.trainer} thread(s)), {n_workers} worker(s) "
             f"({plan.worker} thread(s) each), evaluator on {n_cores} core(s); logs in {self.dir / 'logs'}"
@@ -197,101 +194,96 @@ class LocalRun:
                 f"pinned: trainer to CPUs {sorted(pins.trainer)}, workers to "
                 f"{[sorted(w) for w in pins.workers]}, evaluator to {sorted(pins.evaluator)}"
             )
-        started_workers = 0
         (self.dir / "workers").mkdir(exist_ok=True)
         for name, pool in self.job.inference_pools:
             if pool.external:
+                join = commands.worker(
+                    dataclasses.replace(PROGRAM, echorl=("echorl",)),
+                    name,
+                    pool,
+                    job_file="job.yaml",
+                    coordinator_url=self.url,
+                )
                 token = self.tokens["pools"][name]
                 self.echo(
                     f"pool {name!r} is external; join it from another machine with:\n"
-                    f"  echorl worker --coordinator {self.url} --token {token} --pool {name} "
-                    f"--backend {pool.backend} --job job.yaml"
+                    f"  {shlex.join([*join, '--token', token])}"
                 )
-                continue
-            for i in range(pool.replicas if pool.replicas is not None else 1):
-                threads = pool.threads or plan.worker
-                self.procs.start(
-                    f"{name}-{i}",
-                    [
-                        *ECHORL,
-                        "worker",
-                        "--coordinator",
-                        self.url,
-                        "--pool",
-                        name,
-                        "--backend",
-                        pool.backend,
-                        "--job",
-                        job_file,
-                        "--device",
-                        pool.device,
-                        "--threads",
-                        str(threads),
-                        "--capacity",
-                        str(pool.capacity),
-                        "--metrics",
-                        str(self.dir / "workers" / f"{name}-{i}.jsonl"),
-                        "--cache-dir",
-                        str(self.dir / "cache" / f"{name}-{i}"),
-                    ],
-                    env={**_thread_env(threads), "ECHORL_TOKEN": self.tokens["pools"][name]},
-                    cpus=None if pins is None else pins.workers[started_workers],
-                )
-                started_workers += 1
+        for i, (process, name, pool) in enumerate(self._workers()):
+            threads = commands.worker_threads(pool, plan.worker)
+            self.procs.start(
+                process,
+                argvs.pop(process),
+                env={**_thread_env(threads), commands.WORKER_TOKEN_ENV: self.tokens["pools"][name]},
+                cpus=None if pins is None else pins.workers[i],
+            )
         self.procs.start(
             "evaluator",
-            [
-                sys.executable,
-                "-m",
-                "echo_runtime.runner.evaluator",
-                "--job",
-                job_file,
-                "--out",
-                str(self.dir / "eval.jsonl"),
-                "--t0",
-                repr(self.t0),
-                "--final",
-                str(self.max_steps),
-                "--cache-dir",
-                str(self.dir / "cache" / "evaluator"),
-            ],
+            argvs.pop("evaluator"),
             env=_thread_env(plan.evaluator),
             cpus=None if pins is None else pins.evaluator,
         )
-        swarm = self.job.training_swarm
-        trainer_threads = swarm.threads or plan.trainer
-        trainer_args = [
-            "trainer",
-            "--job",
-            job_file,
-            "--coordinator",
-            self.url,
-            "--metrics-file",
-            str(self.dir / "trainer.jsonl"),
-            "--max-steps",
-            str(self.max_steps),
-            "--cache-dir",
-            str(self.dir / "cache" / "trainer"),
-        ] + (["--resume"] if self.options.resume else [])
-        if swarm.processes_per_node * swarm.nodes > 1:
-            argv = [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                f"--nproc-per-node={swarm.processes_per_node}",
-                "-m",
-                "echo_runtime.cli",
-                *trainer_args,
-            ]
-        else:
-            argv = [*ECHORL, *trainer_args]
+        trainer_threads = self.job.training_swarm.threads or plan.trainer
         self.procs.start(
             "trainer",
-            argv,
-            env={**_thread_env(trainer_threads), "ECHORL_TRAINER_TOKEN": self.tokens["trainer"]},
+            argvs.pop("trainer"),
+            env={**_thread_env(trainer_threads), commands.TRAINER_TOKEN_ENV: self.tokens["trainer"]},
             cpus=None if pins is None else pins.trainer,
         )
+
+    def _workers(self) -> list[tuple[str, str, spec.InferenceSwarmSpec]]:
+        """(process name ``<pool>-<i>``, pool name, pool) of every worker this machine runs."""
+        return [
+            (f"{name}-{i}", name, pool)
+            for name, pool in self.job.inference_pools
+            if not pool.external
+            for i in range(pool.replicas if pool.replicas is not None else 1)
+        ]
+
+    def command_lines(self, port: int, plan: cpus.CorePlan) -> dict[str, list[str]]:
+        """The argv of every process, by name: the coordinator on ``port``, each worker, the evaluator
+        and the trainer (:mod:`echo_runtime.spec.commands`, as the operator's pods get them)."""
+        job_file, url = str(self.dir / "job.yaml"), f"http://127.0.0.1:{port}"
+        out = {
+            "coordinator": commands.coordinator(
+                PROGRAM,
+                job_file=job_file,
+                tokens_file=str(self.dir / "tokens.json"),
+                port=port,
+                heartbeat_interval_s=HEARTBEAT_INTERVAL_S,
+                lease_timeout_s=LEASE_TIMEOUT_S,
+            )
+        }
+        for process, name, pool in self._workers():
+            out[process] = commands.worker(
+                PROGRAM,
+                name,
+                pool,
+                job_file=job_file,
+                coordinator_url=url,
+                default_threads=plan.worker,
+                metrics_file=str(self.dir / "workers" / f"{process}.jsonl"),
+                cache_dir=str(self.dir / "cache" / process),
+            )
+        out["evaluator"] = commands.evaluator(
+            sys.executable,
+            job_file=job_file,
+            out_file=str(self.dir / "eval.jsonl"),
+            t0=self.t0,
+            final_version=self.max_steps,
+            cache_dir=str(self.dir / "cache" / "evaluator"),
+        )
+        out["trainer"] = commands.trainer(
+            PROGRAM,
+            self.job.training_swarm,
+            job_file=job_file,
+            coordinator_url=url,
+            resume=self.options.resume,
+            metrics_file=str(self.dir / "trainer.jsonl"),
+            max_steps=self.max_steps,
+            cache_dir=str(self.dir / "cache" / "trainer"),
+        )
+        return out
 
     def _wait_healthy(self, timeout_s: float = 120.0) -> None:
         try:
