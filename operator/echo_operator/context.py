@@ -16,8 +16,9 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from echo_operator import children, events, lifecycle, pool_lag, storage
+from echo_operator import events, lifecycle, pool_lag, storage
 from echo_operator import status as status_mod
+from echo_operator.children import inputs
 from echo_operator.config import Settings
 from echo_operator.kube import Kube
 from echo_runtime import spec
@@ -32,7 +33,7 @@ class JobMemory:
     """What the operator remembers about one job between passes (lost on restart, rebuilt by them)."""
 
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
-    job: children.JobInput | None = None
+    job: inputs.JobInput | None = None
     problems: tuple[status_mod.Problem, ...] = ()
     applied_generation: int | None = None
     """The newest generation whose children were applied (None: none yet in this operator run)."""

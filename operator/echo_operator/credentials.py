@@ -21,7 +21,8 @@ from typing import Any
 
 import pydantic
 
-from echo_operator import children, context, names, storage
+from echo_operator import context, names, storage
+from echo_operator.children import inputs
 from echo_runtime import spec
 from echo_runtime.snapshots import errors as store_errors
 
@@ -76,13 +77,13 @@ def wiring(
     issued_before: bool,
     creds: storage.Credentials | None,
     readonly_unsupported: bool,
-) -> tuple[children.StoreWiring, storage.Credentials | None]:
+) -> tuple[inputs.StoreWiring, storage.Credentials | None]:
     """How the pods get their credentials, and the credentials to issue read-only ones with (if due).
 
     ``data`` is the credentials Secret's content, ``issued_before`` whether the job's read-only
     Secret exists, ``readonly_unsupported`` whether the store already refused to issue one.
     """
-    base = children.StoreWiring(secret=store.credentials_secret)
+    base = inputs.StoreWiring(secret=store.credentials_secret)
     if all(k in data for k in READONLY_KEYS):
         return dataclasses.replace(
             base,
@@ -133,7 +134,7 @@ def wire_storage(
     model: spec.EchoJob,
     mem: context.JobMemory,
     existing: Mapping[tuple[str, str], Object],
-) -> tuple[children.StoreWiring, storage.Credentials | None]:
+) -> tuple[inputs.StoreWiring, storage.Credentials | None]:
     """:func:`wiring` for the job as stored; ensures the bucket and the prefix marker on the way."""
     store = model.spec.storage
     meta = body["metadata"]

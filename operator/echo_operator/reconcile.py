@@ -25,7 +25,6 @@ import pydantic
 
 from echo_operator import (
     apply,
-    children,
     context,
     coordinator_tls,
     credentials,
@@ -37,6 +36,7 @@ from echo_operator import (
     status_pass,
     tokens,
 )
+from echo_operator.children import inputs
 from echo_operator.config import Settings
 from echo_operator.context import JobMemory, Problems
 from echo_operator.kube import Kube, KubeError
@@ -71,7 +71,7 @@ class Reconciler:
 
     # -- EchoJob ---------------------------------------------------------------------------------
 
-    def reconcile(self, body: Mapping[str, Any]) -> children.JobInput | None:
+    def reconcile(self, body: Mapping[str, Any]) -> inputs.JobInput | None:
         """Bring the job's children in line with its spec; returns the resolved input (None on problems)."""
         meta = body["metadata"]
         mem = self.memory(meta["namespace"], meta["name"])
@@ -87,7 +87,7 @@ class Reconciler:
             status_pass.write_status(self.ctx, body, mem, fetch_doc=False)
             return job
 
-    def _reconcile(self, body: Mapping[str, Any], mem: JobMemory) -> children.JobInput:
+    def _reconcile(self, body: Mapping[str, Any], mem: JobMemory) -> inputs.JobInput:
         ctx = self.ctx
         meta = body["metadata"]
         namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
@@ -101,7 +101,7 @@ class Reconciler:
         mem.outcome = outcome
         if lifecycle.expired(outcome, model.spec.ttl_seconds_after_finished, context.now()):
             apply.release(ctx, body, existing)
-            job = children.JobInput.from_resolved(resolved, uid, {}, children.StoreWiring(secret=None))
+            job = inputs.JobInput.from_resolved(resolved, uid, {}, inputs.StoreWiring(secret=None))
             return dataclasses.replace(job, finished=True)
         store, issue = credentials.wire_storage(ctx, body, model, mem, existing)
         annotations = meta.get("annotations") or {}
@@ -115,7 +115,7 @@ class Reconciler:
         found = tokens.ensure(ctx, body, roles, external_roles, fields, existing)
         mem.status_token = found[names.STATUS_ROLE]
         job = dataclasses.replace(
-            children.JobInput.from_resolved(resolved, uid, tokens.digests(found), store),
+            inputs.JobInput.from_resolved(resolved, uid, tokens.digests(found), store),
             finished=outcome is not None,
             tls=tls,
         )

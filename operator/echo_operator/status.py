@@ -14,7 +14,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from echo_operator import children, names
+from echo_operator import names
+from echo_operator.children import inputs
 from echo_operator.conditions import Condition
 from echo_operator.lifecycle import Outcome
 from echo_operator.pool_lag import PoolLag
@@ -32,21 +33,13 @@ class Problem:
 
 
 @dataclasses.dataclass(frozen=True)
-class Hold:
-    """Why the job's queue (Kueue) does not let it run now: a CamelCase reason and a message."""
-
-    reason: str
-    message: str
-
-
-@dataclasses.dataclass(frozen=True)
 class Observation:
     """What one status pass saw."""
 
     generation: int | None
     """The newest generation whose children were applied (``observedGeneration``)."""
     suspended: bool
-    job: children.JobInput | None
+    job: inputs.JobInput | None
     problems: tuple[Problem, ...] = ()
     coordinator: wire.StatusDocument | None = None
     coordinator_error: str | None = None
@@ -155,7 +148,7 @@ def _suspended(obs: Observation) -> Condition:
     return Condition("Suspended", "False", "NotSuspended", "the job runs")
 
 
-def _queue_hold(obs: Observation) -> Hold | None:
+def _queue_hold(obs: Observation) -> inputs.Hold | None:
     """Why Kueue keeps the job from running, unless the user's ``spec.suspend`` is the reason."""
     job = obs.job
     return job.held if job is not None and not job.spec.suspend else None
@@ -222,7 +215,7 @@ def _ready(obs: Observation) -> Condition:
     )
 
 
-def _wanted(obs: Observation, pool: children.Pool) -> int:
+def _wanted(obs: Observation, pool: inputs.Pool) -> int:
     deployment = obs.deployments.get(names.pool(obs.job.name if obs.job else "", pool.name))
     if deployment is not None:
         return _ready_replicas(deployment)[0]

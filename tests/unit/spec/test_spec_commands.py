@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from echo_operator import children
+from echo_operator.children import inputs, pods
 from echo_operator.config import Settings
 from echo_runtime import spec
 from echo_runtime.runner import cpus, local
@@ -90,7 +91,7 @@ def _pods(path: Path) -> tuple[dict[str, list[str]], spec.ResolvedJob]:
     resolved = spec.resolve(next(d for d in docs if isinstance(d, spec.EchoJob)), docs)
     roles = ["trainer", "status", *(name for name, _ in resolved.inference_pools)]
     digests = {role: hashlib.sha256(role.encode()).hexdigest() for role in roles}
-    job = children.JobInput.from_resolved(resolved, "uid", digests, children.StoreWiring(secret=None))
+    job = inputs.JobInput.from_resolved(resolved, "uid", digests, inputs.StoreWiring(secret=None))
     out = {}
     for obj in children.desired(job, Settings()):
         if obj["kind"] in ("Deployment", "Job"):
@@ -115,7 +116,7 @@ def _compare(path: Path, run_dir: Path) -> int:
         pairs += [(argv, in_pods[pod], pool_name, pool) for argv in replicas]
     for mine, theirs, what, pool in pairs:
         torchrun, command, options = _normalised(mine, local.PROGRAM.echorl)
-        expected = _normalised(theirs, children.PROGRAM.echorl)
+        expected = _normalised(theirs, pods.PROGRAM.echorl)
         if pool is not None and pool.threads is None:
             # A local run gives a pool without `threads` its share of the cores; a pod, its CPU limit.
             options.pop("--threads", None)
