@@ -217,7 +217,7 @@ def apply_children(
             after = ctx.kube.apply(obj)
         except KubeError as exc:
             if exc.status in (409, 422):
-                raise ctx.problem(body, "ApplyFailed", f"{key[0]} {key[1]}: {exc.message}") from None
+                raise ctx.fault(body, "ApplyFailed", f"{key[0]} {key[1]}: {exc.message}") from None
             raise
         if before is None:
             created.append(f"{key[0]} {key[1]}")

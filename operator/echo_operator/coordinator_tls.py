@@ -281,21 +281,21 @@ def ensure(
     if provided:
         data = decode(ctx.kube.get("v1", "Secret", namespace, provided))
         if not data:
-            raise ctx.problem(
+            raise ctx.fault(
                 body,
                 "TLSSecretMissing",
                 f"Secret {provided} (annotation {names.TLS_SECRET}) does not exist in namespace {namespace}",
             )
         problem = provided_problem(provided, data)
         if problem:
-            raise ctx.problem(body, "TLSSecretInvalid", problem)
+            raise ctx.fault(body, "TLSSecretInvalid", problem)
         return inputs.TLSWiring(provided, fingerprint(data["tls.crt"]), data.get("ca.crt") or None)
 
     secret_name = names.coordinator_tls(name)
     current = existing.get(("Secret", secret_name))
     data = decode(current)
     if current is not None and not context.owned_by(current, meta["uid"]):
-        raise ctx.problem(
+        raise ctx.fault(
             body,
             "NameConflict",
             f"Secret {secret_name} exists and does not belong to this EchoJob; rename the job or delete it",

@@ -140,14 +140,14 @@ def wire_storage(
     meta = body["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
     if store.type != "S3":
-        raise ctx.problem(body, "StorageNotShared", "spec.storage.type must be S3 in a cluster")
+        raise ctx.fault(body, "StorageNotShared", "spec.storage.type must be S3 in a cluster")
     creds: storage.Credentials | None = None
     data: dict[str, str] = {}
     if store.credentials_secret:
         found = secret_data(ctx, namespace, store.credentials_secret)
         wrong = credentials_problem(store.credentials_secret, namespace, found)
         if wrong is not None:
-            raise ctx.problem(body, "StorageCredentialsMissing", wrong)
+            raise ctx.fault(body, "StorageCredentialsMissing", wrong)
         data = found or {}
         creds = usable(found)
     wanted = fingerprint(uid, store, creds)
@@ -157,7 +157,7 @@ def wire_storage(
                 store, creds, name, {"namespace": namespace, "name": name, "uid": uid}
             )
         except (store_errors.SnapshotError, ValueError) as exc:
-            raise ctx.problem(body, "StorageUnavailable", f"snapshot store: {exc}") from None
+            raise ctx.fault(body, "StorageUnavailable", f"snapshot store: {exc}") from None
         mem.storage_ready = wanted
         if written:
             root = storage.job_root(store, name)

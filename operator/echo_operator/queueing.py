@@ -259,10 +259,10 @@ def _priority(ctx: context.Context, body: Mapping[str, Any]) -> tuple[str, int] 
     except KubeError as exc:
         if exc.status == 403:
             message = f"cannot read WorkloadPriorityClass {name}: {exc.message}"
-            raise ctx.problem(body, "KueueForbidden", message) from None
+            raise ctx.fault(body, "KueueForbidden", message) from None
         raise
     if found is None:
-        raise ctx.problem(
+        raise ctx.fault(
             body,
             "PriorityClassNotFound",
             f"metadata.labels[{PRIORITY_LABEL}]: WorkloadPriorityClass {name!r} does not exist",
@@ -290,13 +290,13 @@ def admit(
     kube, name = ctx.kube, names.workload(job.name)
     problem = too_many_pod_sets(job, ctx.settings)
     if problem is not None:
-        raise ctx.problem(body, "TooManyPodSets", problem)
+        raise ctx.fault(body, "TooManyPodSets", problem)
     try:
         stored = kube.get(API, "Workload", job.namespace, name)
     except KubeError as exc:
         raise _kueue_problem(ctx, body, exc) from None
     if stored is not None and not context.owned_by(stored, job.uid):
-        raise ctx.problem(body, "WorkloadNotOwned", f"Workload {name} exists and belongs to something else")
+        raise ctx.fault(body, "WorkloadNotOwned", f"Workload {name} exists and belongs to something else")
     if outcome is not None:
         if stored is not None and not finished(stored):
             done = with_finished(stored, outcome, f"the EchoJob {outcome.lower()}", events.now_rfc3339())
@@ -346,14 +346,14 @@ def forget(ctx: context.Context, body: Mapping[str, Any], job: inputs.JobInput) 
 
 def _kueue_problem(ctx: context.Context, body: Mapping[str, Any], exc: KubeError) -> Exception:
     if exc.status == 404:
-        return ctx.problem(
+        return ctx.fault(
             body,
             "KueueNotInstalled",
             f"metadata.labels[{QUEUE_LABEL}] asks for Kueue, but the API server does not serve {API} "
             "Workloads: install Kueue or drop the label",
         )
     if exc.status in (403, 422):
-        return ctx.problem(
+        return ctx.fault(
             body, "WorkloadRejected", f"Workload {names.workload(body['metadata']['name'])}: {exc.message}"
         )
     return exc

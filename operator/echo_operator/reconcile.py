@@ -9,7 +9,7 @@ certificate (:mod:`echo_operator.coordinator_tls`), applies the children that
 operator runs on a timer (:mod:`echo_operator.status_pass`). Both are idempotent and safe to run at
 any time; a per-job lock serialises them.
 
-Problems a user can fix (a missing reference, a missing credentials Secret, an unreachable store) are
+Faults a user can fix (a missing reference, a missing credentials Secret, an unreachable store) are
 reported in ``status`` and as Events and end the pass; transient API failures raise :class:`KubeError`
 for the caller (kopf) to retry.
 """
@@ -38,11 +38,11 @@ from echo_operator import (
 )
 from echo_operator.children import inputs
 from echo_operator.config import Settings
-from echo_operator.context import JobMemory, Problems
+from echo_operator.context import Faults, JobMemory
 from echo_operator.kube import Kube, KubeError
 
 Object = dict[str, Any]
-__all__ = ["JobMemory", "Problems", "Reconciler"]
+__all__ = ["Faults", "JobMemory", "Reconciler"]
 
 
 class Reconciler:
@@ -78,11 +78,11 @@ class Reconciler:
         with mem.lock:
             try:
                 job = self._reconcile(body, mem)
-            except Problems as exc:
-                mem.job, mem.problems = None, exc.problems
+            except Faults as exc:
+                mem.job, mem.faults = None, exc.faults
                 job = None
             else:
-                mem.job, mem.problems = job, ()
+                mem.job, mem.faults = job, ()
                 mem.applied_generation = meta.get("generation")
             status_pass.write_status(self.ctx, body, mem, fetch_doc=False)
             return job
@@ -138,7 +138,7 @@ class Reconciler:
         meta = body["metadata"]
         mem = self.memory(meta["namespace"], meta["name"])
         with mem.lock:
-            if mem.job is None and not mem.problems:
+            if mem.job is None and not mem.faults:
                 return  # not reconciled yet (the operator just started): nothing to report
             ended = status_pass.observe_job(self.ctx, body, mem)
             admission = self._admission_changed(body, mem)

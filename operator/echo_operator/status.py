@@ -2,7 +2,7 @@
 
 Inputs are the job's resolved spec (or None when it could not be resolved), the coordinator's status
 document (or why it could not be read), the job's Deployments and trainer Job as stored, its pods
-that cannot be scheduled, the pools that cannot keep up with Δmax, problems met while reconciling,
+that cannot be scheduled, the pools that cannot keep up with Δmax, the faults that stopped the reconcile (:class:`Fault`),
 and how the job ended (:mod:`echo_operator.lifecycle`). Output is the whole status document
 (:class:`echo_runtime.spec.EchoJobStatus` in manifest form), with ``None`` for every value not known,
 so a merge patch of it also clears what is no longer true.
@@ -25,8 +25,9 @@ Object = dict[str, Any]
 
 
 @dataclasses.dataclass(frozen=True)
-class Problem:
-    """Something that stopped the reconcile: a CamelCase reason and a message for humans."""
+class Fault:
+    """Something a user can fix that stopped the reconcile (a missing reference, an unreachable store):
+    a CamelCase reason, which becomes the conditions' reason, and a message for humans."""
 
     reason: str
     message: str
@@ -40,7 +41,7 @@ class Observation:
     """The newest generation whose children were applied (``observedGeneration``)."""
     suspended: bool
     job: inputs.JobInput | None
-    problems: tuple[Problem, ...] = ()
+    faults: tuple[Fault, ...] = ()
     coordinator: wire.StatusDocument | None = None
     coordinator_error: str | None = None
     deployments: Mapping[str, Object] = dataclasses.field(default_factory=dict)
@@ -171,8 +172,8 @@ def _ready(obs: Observation) -> Condition:
         )
     if obs.suspended:
         return Condition("Ready", "False", "Suspended", _why_suspended(obs))
-    if obs.problems:
-        return Condition("Ready", "False", obs.problems[0].reason, obs.problems[0].message)
+    if obs.faults:
+        return Condition("Ready", "False", obs.faults[0].reason, obs.faults[0].message)
     job = obs.job
     if job is None:
         return Condition("Ready", "False", "Reconciling", "the operator has not reconciled this job yet")
@@ -229,8 +230,8 @@ def _progressing(obs: Observation) -> Condition:
         return Condition("Progressing", "False", "Failed", "the job failed; see the Failed condition")
     if obs.suspended:
         return Condition("Progressing", "False", "Suspended", _why_suspended(obs))
-    if obs.problems:
-        return Condition("Progressing", "False", obs.problems[0].reason, obs.problems[0].message)
+    if obs.faults:
+        return Condition("Progressing", "False", obs.faults[0].reason, obs.faults[0].message)
     doc, job = obs.coordinator, obs.job
     if job is None:
         return Condition("Progressing", "True", "Reconciling", "the operator has not reconciled this job yet")
@@ -313,10 +314,8 @@ def _bounded(obs: Observation, previous: Mapping[str, Any]) -> Condition:
 def _degraded(obs: Observation, previous: Mapping[str, Any]) -> Condition:
     if obs.outcome is not None and obs.outcome.type == "Failed":
         return Condition("Degraded", "True", obs.outcome.reason, obs.outcome.message)
-    if obs.problems:
-        return Condition(
-            "Degraded", "True", obs.problems[0].reason, "; ".join(p.message for p in obs.problems)
-        )
+    if obs.faults:
+        return Condition("Degraded", "True", obs.faults[0].reason, "; ".join(p.message for p in obs.faults))
     doc, most = obs.coordinator, max_observed(obs, previous)
     if doc is not None and most is not None and most > doc.max_staleness:
         return Condition(

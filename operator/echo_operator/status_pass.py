@@ -230,7 +230,7 @@ def write_status(
         generation=observed_generation(mem.applied_generation, previous),
         suspended=bool((body.get("spec") or {}).get("suspend")) or (job is not None and job.held is not None),
         job=job,
-        problems=mem.problems,
+        faults=mem.faults,
         coordinator=doc,
         coordinator_error=mem.doc_error,
         deployments=deployments,

@@ -118,7 +118,7 @@ def ensure(
                     raise
                 current = ctx.kube.get("v1", "Secret", namespace, secret_name)
                 if current is None or not context.owned_by(current, meta["uid"]):
-                    raise ctx.problem(
+                    raise ctx.fault(
                         body,
                         "NameConflict",
                         f"Secret {secret_name} exists and does not belong to this EchoJob; rename the "
