@@ -4,7 +4,7 @@ Layout (each module small and single-purpose; the pure ones carry the dense test
 
 * :mod:`~echo_operator.crds` — the CRDs, generated from :mod:`echo_runtime.spec` (``python -m echo_operator.crds``);
 * :mod:`~echo_operator.names` — names and labels of every child;
-* :mod:`~echo_operator.children` — the desired children of a job (pure);
+* :mod:`~echo_operator.children` — the desired children of a job (pure; one module per thing rendered);
 * :mod:`~echo_operator.status`, :mod:`~echo_operator.conditions`, :mod:`~echo_operator.pool_lag` — status,
   conditions and Δmax enforcement from what was observed (pure);
 * :mod:`~echo_operator.kube`, :mod:`~echo_operator.storage`, :mod:`~echo_operator.observe` — the I/O shells

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from echo_operator import children, context, lifecycle, names
+from echo_operator.children import inputs
 from echo_operator.kube import KubeError
 
 Object = dict[str, Any]
@@ -52,7 +53,7 @@ def trainer_action(
     return "replace" if have != wanted["metadata"]["annotations"][names.SPEC_HASH] else None
 
 
-def keep(job: children.JobInput, wanted: Sequence[Object]) -> set[Key]:
+def keep(job: inputs.JobInput, wanted: Sequence[Object]) -> set[Key]:
     """The children that stay: the wanted ones, every join Secret, the read-only Secret, the
     coordinator's TLS Secret, a finished trainer."""
     out = {children.key(o) for o in wanted}
@@ -86,7 +87,7 @@ def scaled_message(before: Mapping[str, Any], after: Mapping[str, Any]) -> str |
     return f"{what}: {old} → {new} replica(s)"
 
 
-def pool_of(job: children.JobInput, obj: Mapping[str, Any]) -> children.Pool | None:
+def pool_of(job: inputs.JobInput, obj: Mapping[str, Any]) -> inputs.Pool | None:
     """The pool whose Deployment ``obj`` is (None for any other child)."""
     if obj.get("kind") != "Deployment":
         return None
@@ -103,7 +104,7 @@ def _remembered(before: Mapping[str, Any] | None) -> int | None:
 
 
 def held_replicas(
-    job: children.JobInput, obj: Mapping[str, Any], before: Mapping[str, Any] | None
+    job: inputs.JobInput, obj: Mapping[str, Any], before: Mapping[str, Any] | None
 ) -> int | None:
     """While the job is not active: the replicas to give a pool back on resume (None: nothing to keep).
 
@@ -122,9 +123,7 @@ def held_replicas(
     return current if isinstance(current, int) and current > 0 else None
 
 
-def to_restore(
-    job: children.JobInput, obj: Mapping[str, Any], before: Mapping[str, Any] | None
-) -> int | None:
+def to_restore(job: inputs.JobInput, obj: Mapping[str, Any], before: Mapping[str, Any] | None) -> int | None:
     """On resume: the replicas to give back to a pool's Deployment (None: none remembered)."""
     pool = pool_of(job, obj)
     if not job.active or pool is None or pool.spec.replicas is not None:
@@ -173,7 +172,7 @@ def existing_children(ctx: context.Context, namespace: str, name: str, uid: str)
 def sync_trainer(
     ctx: context.Context,
     body: Mapping[str, Any],
-    job: children.JobInput,
+    job: inputs.JobInput,
     wanted: Object,
     current: Object | None,
 ) -> Literal["create", "replace"] | None:
@@ -196,7 +195,7 @@ def sync_trainer(
 def apply_children(
     ctx: context.Context,
     body: Mapping[str, Any],
-    job: children.JobInput,
+    job: inputs.JobInput,
     existing: Mapping[Key, Object],
 ) -> None:
     """Apply every wanted child, delete the unwanted ones, and say what changed in Events."""
@@ -218,7 +217,7 @@ def apply_children(
             after = ctx.kube.apply(obj)
         except KubeError as exc:
             if exc.status in (409, 422):
-                raise ctx.problem(body, "ApplyFailed", f"{key[0]} {key[1]}: {exc.message}") from None
+                raise ctx.fault(body, "ApplyFailed", f"{key[0]} {key[1]}: {exc.message}") from None
             raise
         if before is None:
             created.append(f"{key[0]} {key[1]}")

@@ -4,8 +4,8 @@
 :mod:`echo_operator.credentials`, :mod:`echo_operator.tokens`, :mod:`echo_operator.apply`,
 :mod:`echo_operator.status_pass`). :class:`JobMemory` is what the operator remembers about one job
 between passes: it is lost on restart and rebuilt by the next passes (what must survive a restart is
-read back from the job's ``status`` and annotations). :class:`Problems` is how a part reports a
-problem a user can fix: the pass ends, and the problems go into ``status``.
+read back from the job's ``status`` and annotations). :class:`Faults` is how a part reports a
+fault a user can fix: the pass ends, and the faults go into ``status``.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from echo_operator import children, events, lifecycle, pool_lag, storage
+from echo_operator import events, lifecycle, pool_lag, storage
 from echo_operator import status as status_mod
+from echo_operator.children import inputs
 from echo_operator.config import Settings
 from echo_operator.kube import Kube
 from echo_runtime import spec
@@ -32,8 +33,8 @@ class JobMemory:
     """What the operator remembers about one job between passes (lost on restart, rebuilt by them)."""
 
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
-    job: children.JobInput | None = None
-    problems: tuple[status_mod.Problem, ...] = ()
+    job: inputs.JobInput | None = None
+    faults: tuple[status_mod.Fault, ...] = ()
     applied_generation: int | None = None
     """The newest generation whose children were applied (None: none yet in this operator run)."""
     status_token: str | None = None
@@ -58,12 +59,12 @@ class JobMemory:
     store_credentials: storage.Credentials | None = None
 
 
-class Problems(Exception):
-    """Problems a user can fix; they end the pass and are reported in ``status``."""
+class Faults(Exception):
+    """Faults a user can fix; they end the pass and are reported in ``status``."""
 
-    def __init__(self, problems: Sequence[status_mod.Problem]) -> None:
-        super().__init__("; ".join(p.message for p in problems))
-        self.problems = tuple(problems)
+    def __init__(self, faults: Sequence[status_mod.Fault]) -> None:
+        super().__init__("; ".join(p.message for p in faults))
+        self.faults = tuple(faults)
 
 
 @dataclasses.dataclass
@@ -84,10 +85,10 @@ class Context:
         with self._memory_lock:
             self._memory.pop((namespace, name), None)
 
-    def problem(self, body: Mapping[str, Any], reason: str, message: str) -> Problems:
+    def fault(self, body: Mapping[str, Any], reason: str, message: str) -> Faults:
         """Post the problem as a Warning Event; return it to be raised."""
         self.events.post(body, "Warning", reason, message)
-        return Problems([status_mod.Problem(reason, message)])
+        return Faults([status_mod.Fault(reason, message)])
 
 
 def now() -> datetime.datetime:

@@ -36,7 +36,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from echo_operator import children, context, names
+from echo_operator import context, names
+from echo_operator.children import inputs
 from echo_operator.kube import KubeError
 from echo_runtime.coordinator import tls as runtime_tls
 
@@ -272,7 +273,7 @@ def ensure(
     body: Mapping[str, Any],
     hosts_: Sequence[str],
     existing: Mapping[tuple[str, str], Object],
-) -> children.TLSWiring:
+) -> inputs.TLSWiring:
     """The coordinator's TLS wiring: the user's Secret, or the operator's, issued or renewed as needed."""
     meta = body["metadata"]
     namespace, name = meta["namespace"], meta["name"]
@@ -280,21 +281,21 @@ def ensure(
     if provided:
         data = decode(ctx.kube.get("v1", "Secret", namespace, provided))
         if not data:
-            raise ctx.problem(
+            raise ctx.fault(
                 body,
                 "TLSSecretMissing",
                 f"Secret {provided} (annotation {names.TLS_SECRET}) does not exist in namespace {namespace}",
             )
         problem = provided_problem(provided, data)
         if problem:
-            raise ctx.problem(body, "TLSSecretInvalid", problem)
-        return children.TLSWiring(provided, fingerprint(data["tls.crt"]), data.get("ca.crt") or None)
+            raise ctx.fault(body, "TLSSecretInvalid", problem)
+        return inputs.TLSWiring(provided, fingerprint(data["tls.crt"]), data.get("ca.crt") or None)
 
     secret_name = names.coordinator_tls(name)
     current = existing.get(("Secret", secret_name))
     data = decode(current)
     if current is not None and not context.owned_by(current, meta["uid"]):
-        raise ctx.problem(
+        raise ctx.fault(
             body,
             "NameConflict",
             f"Secret {secret_name} exists and does not belong to this EchoJob; rename the job or delete it",
@@ -324,4 +325,4 @@ def ensure(
                 f"coordinator certificate {fingerprint(data['tls.crt'])} for {', '.join(hosts_)} "
                 f"(Secret {secret_name}: {why})",
             )
-    return children.TLSWiring(secret_name, fingerprint(data["tls.crt"]), data["ca.crt"])
+    return inputs.TLSWiring(secret_name, fingerprint(data["tls.crt"]), data["ca.crt"])

@@ -21,7 +21,8 @@ from typing import Any
 
 import pydantic
 
-from echo_operator import children, context, names, storage
+from echo_operator import context, names, storage
+from echo_operator.children import inputs
 from echo_runtime import spec
 from echo_runtime.snapshots import errors as store_errors
 
@@ -76,13 +77,13 @@ def wiring(
     issued_before: bool,
     creds: storage.Credentials | None,
     readonly_unsupported: bool,
-) -> tuple[children.StoreWiring, storage.Credentials | None]:
+) -> tuple[inputs.StoreWiring, storage.Credentials | None]:
     """How the pods get their credentials, and the credentials to issue read-only ones with (if due).
 
     ``data`` is the credentials Secret's content, ``issued_before`` whether the job's read-only
     Secret exists, ``readonly_unsupported`` whether the store already refused to issue one.
     """
-    base = children.StoreWiring(secret=store.credentials_secret)
+    base = inputs.StoreWiring(secret=store.credentials_secret)
     if all(k in data for k in READONLY_KEYS):
         return dataclasses.replace(
             base,
@@ -133,20 +134,20 @@ def wire_storage(
     model: spec.EchoJob,
     mem: context.JobMemory,
     existing: Mapping[tuple[str, str], Object],
-) -> tuple[children.StoreWiring, storage.Credentials | None]:
+) -> tuple[inputs.StoreWiring, storage.Credentials | None]:
     """:func:`wiring` for the job as stored; ensures the bucket and the prefix marker on the way."""
     store = model.spec.storage
     meta = body["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
     if store.type != "S3":
-        raise ctx.problem(body, "StorageNotShared", "spec.storage.type must be S3 in a cluster")
+        raise ctx.fault(body, "StorageNotShared", "spec.storage.type must be S3 in a cluster")
     creds: storage.Credentials | None = None
     data: dict[str, str] = {}
     if store.credentials_secret:
         found = secret_data(ctx, namespace, store.credentials_secret)
         wrong = credentials_problem(store.credentials_secret, namespace, found)
         if wrong is not None:
-            raise ctx.problem(body, "StorageCredentialsMissing", wrong)
+            raise ctx.fault(body, "StorageCredentialsMissing", wrong)
         data = found or {}
         creds = usable(found)
     wanted = fingerprint(uid, store, creds)
@@ -156,7 +157,7 @@ def wire_storage(
                 store, creds, name, {"namespace": namespace, "name": name, "uid": uid}
             )
         except (store_errors.SnapshotError, ValueError) as exc:
-            raise ctx.problem(body, "StorageUnavailable", f"snapshot store: {exc}") from None
+            raise ctx.fault(body, "StorageUnavailable", f"snapshot store: {exc}") from None
         mem.storage_ready = wanted
         if written:
             root = storage.job_root(store, name)

@@ -1,6 +1,6 @@
 """An EchoJob's life after it starts, as a Kubernetes Job has one: pure decisions, no I/O.
 
-The trainer runs as an indexed Job with ``backoffLimit: 0`` (:func:`echo_operator.children.trainer_job`),
+The trainer runs as an indexed Job with ``backoffLimit: 0`` (:func:`echo_operator.children.trainer.trainer_job`),
 so the Job controller reports the gang as a whole: every rank Complete, or Failed as soon as one rank
 fails (and then stops the others). From that, and from the snapshot store, :func:`decide` chooses:
 

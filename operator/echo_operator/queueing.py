@@ -34,10 +34,10 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from echo_operator import children, conditions, context, events, names
+from echo_operator.children import inputs, pods
 from echo_operator.conditions import Condition
 from echo_operator.config import Settings
 from echo_operator.kube import KubeError
-from echo_operator.status import Hold
 
 Object = dict[str, Any]
 
@@ -79,7 +79,7 @@ def _pod_set(name: str, count: int, template: Mapping[str, Any]) -> Object:
     return {"name": name, "count": count, "template": {"spec": spec}}
 
 
-def pod_sets(job: children.JobInput, settings: Settings) -> list[Object]:
+def pod_sets(job: inputs.JobInput, settings: Settings) -> list[Object]:
     """The pods the job runs once admitted, as Kueue pod sets: coordinator, pools, trainer.
 
     Computed from the children the job would have running (:func:`children.desired` of the job
@@ -104,7 +104,7 @@ def pod_sets(job: children.JobInput, settings: Settings) -> list[Object]:
 
 
 def workload(
-    job: children.JobInput, settings: Settings, queue: str, priority: tuple[str, int] | None
+    job: inputs.JobInput, settings: Settings, queue: str, priority: tuple[str, int] | None
 ) -> Object:
     """The Workload the operator applies for ``job`` (``priority``: the class's name and value)."""
     spec: Object = {
@@ -123,13 +123,13 @@ def workload(
             "name": names.workload(job.name),
             "namespace": job.namespace,
             "labels": {names.JOB: job.name},
-            "ownerReferences": [children.owner_reference(job)],
+            "ownerReferences": [pods.owner_reference(job)],
         },
         "spec": spec,
     }
 
 
-def too_many_pod_sets(job: children.JobInput, settings: Settings) -> str | None:
+def too_many_pod_sets(job: inputs.JobInput, settings: Settings) -> str | None:
     """Why Kueue cannot take this job (None: it can)."""
     n = len(pod_sets(job, settings))
     if n <= MAX_POD_SETS:
@@ -191,22 +191,22 @@ def finished(wl: Mapping[str, Any] | None) -> bool:
     return _true(_conditions(wl), "Finished")
 
 
-def hold(wl: Mapping[str, Any] | None, queue: str, workload_name: str) -> Hold | None:
+def hold(wl: Mapping[str, Any] | None, queue: str, workload_name: str) -> inputs.Hold | None:
     """Why the job must not run now (None: Kueue admitted it, or the Workload is finished)."""
     if admitted(wl) or finished(wl):
         return None
     conds = _conditions(wl)
     if _true(conds, "Evicted"):
         ev = conds["Evicted"]
-        return Hold(
+        return inputs.Hold(
             "Preempted" if ev.get("reason") == "Preempted" else "EvictedByKueue",
             f"Kueue evicted Workload {workload_name} ({ev.get('reason', '?')}: {ev.get('message', '')}); "
             "every process is scaled to zero and the job resumes from its checkpoint once admitted again",
         )
     if wl is not None and (wl.get("spec") or {}).get("active") is False:
-        return Hold("Deactivated", f"Workload {workload_name} is inactive while spec.suspend is true")
+        return inputs.Hold("Deactivated", f"Workload {workload_name} is inactive while spec.suspend is true")
     waiting = conds.get("QuotaReserved", {}).get("message") or "not admitted yet"
-    return Hold(
+    return inputs.Hold(
         "Queued",
         f"waiting for Kueue to admit Workload {workload_name} from LocalQueue {queue}: {waiting}",
     )
@@ -259,10 +259,10 @@ def _priority(ctx: context.Context, body: Mapping[str, Any]) -> tuple[str, int] 
     except KubeError as exc:
         if exc.status == 403:
             message = f"cannot read WorkloadPriorityClass {name}: {exc.message}"
-            raise ctx.problem(body, "KueueForbidden", message) from None
+            raise ctx.fault(body, "KueueForbidden", message) from None
         raise
     if found is None:
-        raise ctx.problem(
+        raise ctx.fault(
             body,
             "PriorityClassNotFound",
             f"metadata.labels[{PRIORITY_LABEL}]: WorkloadPriorityClass {name!r} does not exist",
@@ -270,7 +270,7 @@ def _priority(ctx: context.Context, body: Mapping[str, Any]) -> tuple[str, int] 
     return name, int(found.get("value", 0))
 
 
-def pods_left(ctx: context.Context, job: children.JobInput) -> int:
+def pods_left(ctx: context.Context, job: inputs.JobInput) -> int:
     """How many pods of the job still exist (terminating ones included)."""
     return len(ctx.kube.list("v1", "Pod", job.namespace, {names.JOB: job.name}))
 
@@ -278,10 +278,10 @@ def pods_left(ctx: context.Context, job: children.JobInput) -> int:
 def admit(
     ctx: context.Context,
     body: Mapping[str, Any],
-    job: children.JobInput,
+    job: inputs.JobInput,
     queue: str,
     outcome: Literal["Succeeded", "Failed"] | None,
-) -> Hold | None:
+) -> inputs.Hold | None:
     """Keep the job's Workload in line with the job and return why the job must not run (None: run).
 
     ``outcome`` is how the job ended (Succeeded / Failed), if it did: the Workload is then marked
@@ -290,13 +290,13 @@ def admit(
     kube, name = ctx.kube, names.workload(job.name)
     problem = too_many_pod_sets(job, ctx.settings)
     if problem is not None:
-        raise ctx.problem(body, "TooManyPodSets", problem)
+        raise ctx.fault(body, "TooManyPodSets", problem)
     try:
         stored = kube.get(API, "Workload", job.namespace, name)
     except KubeError as exc:
         raise _kueue_problem(ctx, body, exc) from None
     if stored is not None and not context.owned_by(stored, job.uid):
-        raise ctx.problem(body, "WorkloadNotOwned", f"Workload {name} exists and belongs to something else")
+        raise ctx.fault(body, "WorkloadNotOwned", f"Workload {name} exists and belongs to something else")
     if outcome is not None:
         if stored is not None and not finished(stored):
             done = with_finished(stored, outcome, f"the EchoJob {outcome.lower()}", events.now_rfc3339())
@@ -327,7 +327,7 @@ def admit(
     return hold(stored, queue, name)
 
 
-def forget(ctx: context.Context, body: Mapping[str, Any], job: children.JobInput) -> None:
+def forget(ctx: context.Context, body: Mapping[str, Any], job: inputs.JobInput) -> None:
     """The job no longer names a queue: delete its Workload, if it has one, so no quota stays held."""
     name = names.workload(job.name)
     try:
@@ -346,20 +346,20 @@ def forget(ctx: context.Context, body: Mapping[str, Any], job: children.JobInput
 
 def _kueue_problem(ctx: context.Context, body: Mapping[str, Any], exc: KubeError) -> Exception:
     if exc.status == 404:
-        return ctx.problem(
+        return ctx.fault(
             body,
             "KueueNotInstalled",
             f"metadata.labels[{QUEUE_LABEL}] asks for Kueue, but the API server does not serve {API} "
             "Workloads: install Kueue or drop the label",
         )
     if exc.status in (403, 422):
-        return ctx.problem(
+        return ctx.fault(
             body, "WorkloadRejected", f"Workload {names.workload(body['metadata']['name'])}: {exc.message}"
         )
     return exc
 
 
-def current_hold(ctx: context.Context, job: children.JobInput, queue: str) -> tuple[Hold | None, bool]:
+def current_hold(ctx: context.Context, job: inputs.JobInput, queue: str) -> tuple[inputs.Hold | None, bool]:
     """What the stored Workload says now: the hold, and whether an eviction awaits its release."""
     name = names.workload(job.name)
     stored = ctx.kube.get(API, "Workload", job.namespace, name)

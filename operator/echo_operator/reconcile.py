@@ -9,7 +9,7 @@ certificate (:mod:`echo_operator.coordinator_tls`), applies the children that
 operator runs on a timer (:mod:`echo_operator.status_pass`). Both are idempotent and safe to run at
 any time; a per-job lock serialises them.
 
-Problems a user can fix (a missing reference, a missing credentials Secret, an unreachable store) are
+Faults a user can fix (a missing reference, a missing credentials Secret, an unreachable store) are
 reported in ``status`` and as Events and end the pass; transient API failures raise :class:`KubeError`
 for the caller (kopf) to retry.
 """
@@ -25,7 +25,6 @@ import pydantic
 
 from echo_operator import (
     apply,
-    children,
     context,
     coordinator_tls,
     credentials,
@@ -37,12 +36,13 @@ from echo_operator import (
     status_pass,
     tokens,
 )
+from echo_operator.children import inputs
 from echo_operator.config import Settings
-from echo_operator.context import JobMemory, Problems
+from echo_operator.context import Faults, JobMemory
 from echo_operator.kube import Kube, KubeError
 
 Object = dict[str, Any]
-__all__ = ["JobMemory", "Problems", "Reconciler"]
+__all__ = ["Faults", "JobMemory", "Reconciler"]
 
 
 class Reconciler:
@@ -71,23 +71,23 @@ class Reconciler:
 
     # -- EchoJob ---------------------------------------------------------------------------------
 
-    def reconcile(self, body: Mapping[str, Any]) -> children.JobInput | None:
+    def reconcile(self, body: Mapping[str, Any]) -> inputs.JobInput | None:
         """Bring the job's children in line with its spec; returns the resolved input (None on problems)."""
         meta = body["metadata"]
         mem = self.memory(meta["namespace"], meta["name"])
         with mem.lock:
             try:
                 job = self._reconcile(body, mem)
-            except Problems as exc:
-                mem.job, mem.problems = None, exc.problems
+            except Faults as exc:
+                mem.job, mem.faults = None, exc.faults
                 job = None
             else:
-                mem.job, mem.problems = job, ()
+                mem.job, mem.faults = job, ()
                 mem.applied_generation = meta.get("generation")
             status_pass.write_status(self.ctx, body, mem, fetch_doc=False)
             return job
 
-    def _reconcile(self, body: Mapping[str, Any], mem: JobMemory) -> children.JobInput:
+    def _reconcile(self, body: Mapping[str, Any], mem: JobMemory) -> inputs.JobInput:
         ctx = self.ctx
         meta = body["metadata"]
         namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
@@ -101,7 +101,7 @@ class Reconciler:
         mem.outcome = outcome
         if lifecycle.expired(outcome, model.spec.ttl_seconds_after_finished, context.now()):
             apply.release(ctx, body, existing)
-            job = children.JobInput.from_resolved(resolved, uid, {}, children.StoreWiring(secret=None))
+            job = inputs.JobInput.from_resolved(resolved, uid, {}, inputs.StoreWiring(secret=None))
             return dataclasses.replace(job, finished=True)
         store, issue = credentials.wire_storage(ctx, body, model, mem, existing)
         annotations = meta.get("annotations") or {}
@@ -115,7 +115,7 @@ class Reconciler:
         found = tokens.ensure(ctx, body, roles, external_roles, fields, existing)
         mem.status_token = found[names.STATUS_ROLE]
         job = dataclasses.replace(
-            children.JobInput.from_resolved(resolved, uid, tokens.digests(found), store),
+            inputs.JobInput.from_resolved(resolved, uid, tokens.digests(found), store),
             finished=outcome is not None,
             tls=tls,
         )
@@ -138,7 +138,7 @@ class Reconciler:
         meta = body["metadata"]
         mem = self.memory(meta["namespace"], meta["name"])
         with mem.lock:
-            if mem.job is None and not mem.problems:
+            if mem.job is None and not mem.faults:
                 return  # not reconciled yet (the operator just started): nothing to report
             ended = status_pass.observe_job(self.ctx, body, mem)
             admission = self._admission_changed(body, mem)

@@ -65,7 +65,7 @@ def refers(job: Mapping[str, Any], kind: str, name: str) -> bool:
 
 
 def resolve(ctx: context.Context, body: Mapping[str, Any], model: spec.EchoJob) -> spec.ResolvedJob:
-    """The job with its references replaced by the referenced specs; :class:`Problems` if one is missing."""
+    """The job with its references replaced by the referenced specs; :class:`~echo_operator.context.Faults` if one is missing."""
     namespace = model.metadata.namespace or body["metadata"]["namespace"]
     others: list[spec.Manifest] = []
     missing: list[tuple[str, str]] = []
@@ -76,7 +76,7 @@ def resolve(ctx: context.Context, body: Mapping[str, Any], model: spec.EchoJob) 
             continue
         others.append(spec.KINDS[kind].model_validate(manifest(kind, ref, namespace, obj.get("spec"))))
     if missing:
-        raise ctx.problem(body, "ReferenceNotFound", missing_message(missing, namespace))
+        raise ctx.fault(body, "ReferenceNotFound", missing_message(missing, namespace))
     resolved = spec.resolve(model, others)
     shared = {p.name: p.swarm_ref for p in model.spec.inference_swarms if p.swarm_ref}
     if not shared:
@@ -136,5 +136,5 @@ def referrers(ctx: context.Context, namespace: str, kind: str, name: str) -> lis
     return [job for job in ctx.kube.list(GV, "EchoJob", namespace) if refers(job, kind, name)]
 
 
-def invalid(ctx: context.Context, body: Mapping[str, Any], exc: pydantic.ValidationError) -> context.Problems:
-    return ctx.problem(body, "InvalidSpec", f"spec is invalid: {exc}")
+def invalid(ctx: context.Context, body: Mapping[str, Any], exc: pydantic.ValidationError) -> context.Faults:
+    return ctx.fault(body, "InvalidSpec", f"spec is invalid: {exc}")

@@ -2,7 +2,7 @@
 
 Inputs are the job's resolved spec (or None when it could not be resolved), the coordinator's status
 document (or why it could not be read), the job's Deployments and trainer Job as stored, its pods
-that cannot be scheduled, the pools that cannot keep up with Δmax, problems met while reconciling,
+that cannot be scheduled, the pools that cannot keep up with Δmax, the faults that stopped the reconcile (:class:`Fault`),
 and how the job ended (:mod:`echo_operator.lifecycle`). Output is the whole status document
 (:class:`echo_runtime.spec.EchoJobStatus` in manifest form), with ``None`` for every value not known,
 so a merge patch of it also clears what is no longer true.
@@ -14,7 +14,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from echo_operator import children, names
+from echo_operator import names
+from echo_operator.children import inputs
 from echo_operator.conditions import Condition
 from echo_operator.lifecycle import Outcome
 from echo_operator.pool_lag import PoolLag
@@ -24,16 +25,9 @@ Object = dict[str, Any]
 
 
 @dataclasses.dataclass(frozen=True)
-class Problem:
-    """Something that stopped the reconcile: a CamelCase reason and a message for humans."""
-
-    reason: str
-    message: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Hold:
-    """Why the job's queue (Kueue) does not let it run now: a CamelCase reason and a message."""
+class Fault:
+    """Something a user can fix that stopped the reconcile (a missing reference, an unreachable store):
+    a CamelCase reason, which becomes the conditions' reason, and a message for humans."""
 
     reason: str
     message: str
@@ -46,8 +40,8 @@ class Observation:
     generation: int | None
     """The newest generation whose children were applied (``observedGeneration``)."""
     suspended: bool
-    job: children.JobInput | None
-    problems: tuple[Problem, ...] = ()
+    job: inputs.JobInput | None
+    faults: tuple[Fault, ...] = ()
     coordinator: wire.StatusDocument | None = None
     coordinator_error: str | None = None
     deployments: Mapping[str, Object] = dataclasses.field(default_factory=dict)
@@ -155,7 +149,7 @@ def _suspended(obs: Observation) -> Condition:
     return Condition("Suspended", "False", "NotSuspended", "the job runs")
 
 
-def _queue_hold(obs: Observation) -> Hold | None:
+def _queue_hold(obs: Observation) -> inputs.Hold | None:
     """Why Kueue keeps the job from running, unless the user's ``spec.suspend`` is the reason."""
     job = obs.job
     return job.held if job is not None and not job.spec.suspend else None
@@ -178,8 +172,8 @@ def _ready(obs: Observation) -> Condition:
         )
     if obs.suspended:
         return Condition("Ready", "False", "Suspended", _why_suspended(obs))
-    if obs.problems:
-        return Condition("Ready", "False", obs.problems[0].reason, obs.problems[0].message)
+    if obs.faults:
+        return Condition("Ready", "False", obs.faults[0].reason, obs.faults[0].message)
     job = obs.job
     if job is None:
         return Condition("Ready", "False", "Reconciling", "the operator has not reconciled this job yet")
@@ -222,7 +216,7 @@ def _ready(obs: Observation) -> Condition:
     )
 
 
-def _wanted(obs: Observation, pool: children.Pool) -> int:
+def _wanted(obs: Observation, pool: inputs.Pool) -> int:
     deployment = obs.deployments.get(names.pool(obs.job.name if obs.job else "", pool.name))
     if deployment is not None:
         return _ready_replicas(deployment)[0]
@@ -236,8 +230,8 @@ def _progressing(obs: Observation) -> Condition:
         return Condition("Progressing", "False", "Failed", "the job failed; see the Failed condition")
     if obs.suspended:
         return Condition("Progressing", "False", "Suspended", _why_suspended(obs))
-    if obs.problems:
-        return Condition("Progressing", "False", obs.problems[0].reason, obs.problems[0].message)
+    if obs.faults:
+        return Condition("Progressing", "False", obs.faults[0].reason, obs.faults[0].message)
     doc, job = obs.coordinator, obs.job
     if job is None:
         return Condition("Progressing", "True", "Reconciling", "the operator has not reconciled this job yet")
@@ -320,10 +314,8 @@ def _bounded(obs: Observation, previous: Mapping[str, Any]) -> Condition:
 def _degraded(obs: Observation, previous: Mapping[str, Any]) -> Condition:
     if obs.outcome is not None and obs.outcome.type == "Failed":
         return Condition("Degraded", "True", obs.outcome.reason, obs.outcome.message)
-    if obs.problems:
-        return Condition(
-            "Degraded", "True", obs.problems[0].reason, "; ".join(p.message for p in obs.problems)
-        )
+    if obs.faults:
+        return Condition("Degraded", "True", obs.faults[0].reason, "; ".join(p.message for p in obs.faults))
     doc, most = obs.coordinator, max_observed(obs, previous)
     if doc is not None and most is not None and most > doc.max_staleness:
         return Condition(

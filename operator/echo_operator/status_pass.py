@@ -32,6 +32,7 @@ from echo_operator import (
     storage,
 )
 from echo_operator import status as status_mod
+from echo_operator.children import inputs
 from echo_operator.kube import KubeError
 from echo_runtime import spec
 from echo_runtime.coordinator import wire
@@ -42,7 +43,7 @@ GV = spec.GROUP_VERSION
 log = logging.getLogger("echo_operator")
 
 
-def why_unread(job: children.JobInput | None, token_known: bool) -> str | None:
+def why_unread(job: inputs.JobInput | None, token_known: bool) -> str | None:
     """Why the coordinator is not to be read now (None: it is)."""
     if token_known and job is not None and job.active:
         return None
@@ -111,7 +112,7 @@ def observe_job(ctx: context.Context, body: Mapping[str, Any], mem: context.JobM
 
 
 def follow_trainer(
-    ctx: context.Context, body: Mapping[str, Any], mem: context.JobMemory, job: children.JobInput
+    ctx: context.Context, body: Mapping[str, Any], mem: context.JobMemory, job: inputs.JobInput
 ) -> bool:
     """Act on the trainer Job's state (:func:`lifecycle.decide`); True when the job just ended."""
     namespace, name = job.namespace, job.name
@@ -162,7 +163,7 @@ def follow_trainer(
 
 
 def read_progress(
-    ctx: context.Context, body: Mapping[str, Any], job: children.JobInput
+    ctx: context.Context, body: Mapping[str, Any], job: inputs.JobInput
 ) -> lifecycle.Progress | None:
     """The newest version and checkpoint in the job's store (None if it cannot be read now)."""
     store = spec.Storage.model_validate((body.get("spec") or {}).get("storage") or {})
@@ -229,7 +230,7 @@ def write_status(
         generation=observed_generation(mem.applied_generation, previous),
         suspended=bool((body.get("spec") or {}).get("suspend")) or (job is not None and job.held is not None),
         job=job,
-        problems=mem.problems,
+        faults=mem.faults,
         coordinator=doc,
         coordinator_error=mem.doc_error,
         deployments=deployments,
@@ -269,7 +270,7 @@ def write_status(
 def restart_stuck(
     ctx: context.Context,
     body: Mapping[str, Any],
-    job: children.JobInput,
+    job: inputs.JobInput,
     doc: wire.StatusDocument,
     mem: context.JobMemory,
     now: float,

@@ -19,7 +19,8 @@ import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from echo_operator import children, context, names
+from echo_operator import context, names
+from echo_operator.children import inputs, token_secrets
 from echo_operator.kube import KubeError
 from echo_runtime import spec
 
@@ -47,7 +48,7 @@ def external_url(
 
 
 def external_fields(
-    annotations: Mapping[str, str], service: Mapping[str, Any] | None, tls: children.TLSWiring | None
+    annotations: Mapping[str, str], service: Mapping[str, Any] | None, tls: inputs.TLSWiring | None
 ) -> dict[str, str | None] | None:
     """The keys an external pool's join Secret carries beside its token (None: no address yet).
 
@@ -107,7 +108,7 @@ def ensure(
         role_fields = fields if role in external else None
         current = existing.get(("Secret", secret_name))
         if current is None:
-            wanted = children.join_secret(
+            wanted = token_secrets.join_secret(
                 name, namespace, owner, role, secrets.token_urlsafe(32), role_fields
             )
             try:
@@ -117,7 +118,7 @@ def ensure(
                     raise
                 current = ctx.kube.get("v1", "Secret", namespace, secret_name)
                 if current is None or not context.owned_by(current, meta["uid"]):
-                    raise ctx.problem(
+                    raise ctx.fault(
                         body,
                         "NameConflict",
                         f"Secret {secret_name} exists and does not belong to this EchoJob; rename the "

@@ -186,13 +186,13 @@ def run_cores(options: Options, config: Config) -> list[str]:
         raise ValueError(f"framing: expected equal or offload, got {options.framing!r}")
     if options.framing == "equal":
         return [] if options.cores is None else ["--cores", str(options.cores)]
-    from echo_runtime.runner import local
+    from echo_runtime.runner import cpus
 
     cores = options.cores or len(os.sched_getaffinity(0))
     if cores < 2:
         raise ValueError("the offload framing needs at least 2 cores: the trainer's and an added one")
     if config.mode == "Colocated":
-        return ["--cores", str(local.plan_cores(cores, 1).trainer), "--pin-cores"]
+        return ["--cores", str(cpus.plan_cores(cores, 1).trainer), "--pin-cores"]
     return ["--cores", str(cores), "--pin-cores"]
 
 
@@ -285,9 +285,9 @@ def snapshot_traffic(run_dir: Path, store: Path) -> dict[str, float]:
 
 
 def _core_split(cores: int, framing: str = "equal") -> dict[str, str]:
-    from echo_runtime.runner import local
+    from echo_runtime.runner import cpus
 
-    plan = local.plan_cores(cores, 1)
+    plan = cpus.plan_cores(cores, 1)
     if framing == "offload":
         return {
             "decoupled": f"trainer pinned to {plan.trainer} CPU(s), the worker to the other "

@@ -57,7 +57,7 @@ def run(
     Prints live progress (policy version, reward, held-out accuracy, rollouts/s, staleness, ETA);
     writes runs/<job>/metrics.jsonl, summary.json and PNG plots; Ctrl-C stops every process.
     """
-    from echo_runtime.runner import local
+    from echo_runtime.runner import local, session
 
     if resume and fresh:
         raise click.UsageError("--resume and --fresh exclude each other")
@@ -72,12 +72,12 @@ def run(
         pin_cores=pin_cores,
     )
     try:
-        summary = local.run(job_file, options, echo=click.echo)
+        summary = session.run(job_file, options, echo=click.echo)
     except spec.ManifestError as exc:
         raise click.ClickException(str(exc)) from exc
     except local.RunError as exc:
         raise click.ClickException(str(exc)) from exc
-    except KeyboardInterrupt as exc:  # Ctrl-C → 130; SIGTERM (local.Terminated) → 143, as shells report them
+    except KeyboardInterrupt as exc:  # Ctrl-C → 130; SIGTERM (session.Terminated) → 143
         raise SystemExit(128 + int(getattr(exc, "signum", 2))) from None
     keys = (
         "policyVersion",

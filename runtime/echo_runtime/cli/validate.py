@@ -36,18 +36,18 @@ def validate(files: tuple[str, ...], local: bool) -> None:
             read = spec.read_file(name, cluster=not local)
         except spec.ManifestError as exc:
             failed = True
-            click.echo(f"{name}: invalid ({len(exc.problems)} problem(s))", err=True)
-            for problem in exc.problems:
-                doc = f"[document {problem.document}] " if problem.document else ""
-                click.echo(f"  {doc}{problem}", err=True)
+            click.echo(f"{name}: invalid ({len(exc.findings)} problem(s))", err=True)
+            for finding in exc.findings:
+                doc = f"[document {finding.document}] " if finding.document else ""
+                click.echo(f"  {doc}{finding}", err=True)
             continue
         manifests = read.manifests
         for job in (m for m in manifests if isinstance(m, spec.EchoJob)):
             try:
                 spec.resolve(job, manifests)
             except spec.ManifestError as exc:
-                for problem in exc.problems:
-                    click.echo(f"{name}: note: {job.metadata.name}: {problem} (must exist in the cluster)")
+                for finding in exc.findings:
+                    click.echo(f"{name}: note: {job.metadata.name}: {finding} (must exist in the cluster)")
         kinds = ", ".join(f"{m.kind}/{m.metadata.name}" for m in manifests) or "no Echo objects"
         skipped = f"; skipped {', '.join(read.skipped)}" if read.skipped else ""
         click.echo(f"{name}: valid{' for echorl run' if local else ''} ({kinds}{skipped})")

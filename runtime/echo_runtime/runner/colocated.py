@@ -49,7 +49,7 @@ import torch
 
 from echo_runtime import rollout, spec, staleness
 from echo_runtime.backends import base as backend_base
-from echo_runtime.runner import local, metrics
+from echo_runtime.runner import console, cpus, local, metrics
 from echo_runtime.tasks import base as tasks_base
 
 RATE_WINDOW_S = 30.0
@@ -170,14 +170,14 @@ class ColocatedRun(local.LocalRun):
         )
         cores = self.options.cores or os.cpu_count() or 1
         self.cores = self.job.training_swarm.threads or cores
-        self.plan = local.CorePlan(trainer=self.cores, worker=self.cores, evaluator=1)
+        self.plan = cpus.CorePlan(trainer=self.cores, worker=self.cores, evaluator=1)
         self.echo(
             f"processes: colocated sampler+trainer ({self.cores} thread(s) in both phases), evaluator "
             f"on {cores} core(s); logs in {self.dir / 'logs'}"
         )
         pins = None
         if self.options.pin_cores:  # this process samples and trains: it takes the first `cores` CPUs
-            pins = local.pin_plan(sorted(os.sched_getaffinity(0)), cores, self.plan, 0)
+            pins = cpus.pin_plan(sorted(os.sched_getaffinity(0)), cores, self.plan, 0)
             os.sched_setaffinity(0, pins.trainer)
             self.echo(
                 f"pinned: sampler+trainer to CPUs {sorted(pins.trainer)}, evaluator to {sorted(pins.evaluator)}"
@@ -208,7 +208,7 @@ class ColocatedRun(local.LocalRun):
         log = metrics.MetricsLog(self.dir / "metrics.jsonl")
         timing = (self.dir / "workers").joinpath("colocated.jsonl")
         timing.parent.mkdir(exist_ok=True)
-        bar = local._Bar(self.max_steps, enabled=self.options.progress)
+        bar = console.ProgressBar(self.max_steps, enabled=self.options.progress)
         accuracy: list[float | None] = [None]
 
         def drain_evals() -> None:

@@ -28,21 +28,34 @@ import contextlib
 import dataclasses
 import json
 import os
+import shlex
 import shutil
-import signal
 import socket
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from echo_runtime import spec
-from echo_runtime.runner import metrics, plots, restarts
+from echo_runtime.runner import console, cpus, metrics, plots, restarts
 from echo_runtime.runner.procs import Child, NotHealthy, Processes, wait_healthy
+from echo_runtime.spec import commands
 
-ECHORL = [sys.executable, "-m", "echo_runtime.cli"]
+
+def _standalone_torchrun(swarm: spec.TrainingSwarmSpec) -> tuple[str, ...]:
+    """torchrun on this one machine: ``processesPerNode`` ranks meeting on a port it picks itself."""
+    return (
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc-per-node={swarm.processes_per_node}", "-m", "echo_runtime.cli",
+    )  # fmt: skip
+
+
+PROGRAM = commands.Program(echorl=(sys.executable, "-m", "echo_runtime.cli"), torchrun=_standalone_torchrun)
+"""``echorl`` as this interpreter runs it (the console script may not be on PATH)."""
+HEARTBEAT_INTERVAL_S = 1.0
+LEASE_TIMEOUT_S = 15.0
+"""Every process shares this machine: a dead worker's leases are re-issued sooner than in a cluster."""
 
 
 class RunError(RuntimeError):
@@ -62,55 +75,8 @@ class RunOptions:
     cores: int | None = None
     """CPU cores to divide among the processes (default: all of this machine's)."""
     pin_cores: bool = False
-    """Pin each process to its own cores (:func:`pin_plan`) instead of only sizing its thread pool."""
+    """Pin each process to its own cores (:func:`.cpus.pin_plan`) instead of only sizing its thread pool."""
     status_interval_s: float = 1.0
-
-
-@dataclasses.dataclass(frozen=True)
-class CorePlan:
-    """How many threads each process gets; a documented, honest split of the machine."""
-
-    trainer: int
-    worker: int
-    evaluator: int
-
-
-def plan_cores(cores: int, workers: int) -> CorePlan:
-    """Split ``cores`` between one trainer and ``workers`` workers (the evaluator runs rarely: 1).
-
-    The trainer gets half (at least 1); workers share the rest (at least 1 each). On 2 cores: trainer 1,
-    each worker 1 — the two halves of the decoupled pipeline run side by side.
-    """
-    trainer = max(1, cores // 2)
-    worker = max(1, (cores - trainer) // max(1, workers))
-    return CorePlan(trainer=trainer, worker=worker, evaluator=1)
-
-
-@dataclasses.dataclass(frozen=True)
-class CpuSets:
-    """Which CPUs each process may run on, when ``echorl run --pin-cores`` pins them."""
-
-    trainer: frozenset[int]
-    workers: tuple[frozenset[int], ...]
-    evaluator: frozenset[int]
-
-
-def pin_plan(available: Sequence[int], cores: int, plan: CorePlan, workers: int) -> CpuSets:
-    """Pin the trainer to the first ``plan.trainer`` of the run's ``cores`` CPUs and the workers to the
-    rest (``plan.worker`` each, taken in turn); the evaluator, which measures the run and is no part of
-    it, to every CPU of the machine the trainer does not have. A Colocated run (no workers) keeps its
-    ``cores`` CPUs to itself. With fewer CPUs than the plan asks, sets wrap around (and share)."""
-    cpus = sorted(available)[: max(1, cores)]
-    if not cpus:
-        raise ValueError("no CPU to pin to")
-    trainer = frozenset(cpus[: max(1, min(plan.trainer, len(cpus)))])
-    rest = [c for c in cpus if c not in trainer] or cpus
-    chosen = []
-    for i in range(workers):
-        start = (i * plan.worker) % len(rest)
-        chosen.append(frozenset(rest[(start + k) % len(rest)] for k in range(min(plan.worker, len(rest)))))
-    evaluator = frozenset(c for c in available if c not in trainer) or frozenset(available)
-    return CpuSets(trainer=trainer, workers=tuple(chosen), evaluator=evaluator)
 
 
 def free_port() -> int:
@@ -205,39 +171,21 @@ class LocalRun:
         (self.dir / "run.json").write_text(
             json.dumps({"job": self.job.name, "t0": self.t0, "source": str(self.source)})
         )
-        job_file = str(self.dir / "job.yaml")
+        n_workers = len(self._workers())
+        n_cores = self.options.cores or os.cpu_count() or 1
+        plan = cpus.plan_cores(n_cores, n_workers)
+        self.plan = plan
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
-        self.procs.start(
-            "coordinator",
-            [
-                *ECHORL,
-                "coordinator",
-                "--job",
-                job_file,
-                "--port",
-                str(port),
-                "--tokens-file",
-                str(self.dir / "tokens.json"),
-                "--heartbeat-interval",
-                "1",
-                "--lease-timeout",
-                "15",
-            ],
-            env=_thread_env(1),
-        )
+        argvs = self.command_lines(port, plan)
+        self.procs.start("coordinator", argvs.pop("coordinator"), env=_thread_env(1))
         self._wait_healthy()
-        pools = [(name, pool) for name, pool in self.job.inference_pools if not pool.external]
-        n_workers = sum(p.replicas if p.replicas is not None else 1 for _, p in pools)
-        cores = self.options.cores or os.cpu_count() or 1
-        plan = plan_cores(cores, n_workers)
-        self.plan = plan
         self.echo(
             f"processes: coordinator, trainer ({plan.trainer} thread(s)), {n_workers} worker(s) "
-            f"({plan.worker} thread(s) each), evaluator on {cores} core(s); logs in {self.dir / 'logs'}"
+            f"({plan.worker} thread(s) each), evaluator on {n_cores} core(s); logs in {self.dir / 'logs'}"
         )
         pins = (
-            pin_plan(sorted(os.sched_getaffinity(0)), cores, plan, n_workers)
+            cpus.pin_plan(sorted(os.sched_getaffinity(0)), n_cores, plan, n_workers)
             if self.options.pin_cores
             else None
         )
@@ -246,101 +194,96 @@ class LocalRun:
                 f"pinned: trainer to CPUs {sorted(pins.trainer)}, workers to "
                 f"{[sorted(w) for w in pins.workers]}, evaluator to {sorted(pins.evaluator)}"
             )
-        started_workers = 0
         (self.dir / "workers").mkdir(exist_ok=True)
         for name, pool in self.job.inference_pools:
             if pool.external:
+                join = commands.worker(
+                    dataclasses.replace(PROGRAM, echorl=("echorl",)),
+                    name,
+                    pool,
+                    job_file="job.yaml",
+                    coordinator_url=self.url,
+                )
                 token = self.tokens["pools"][name]
                 self.echo(
                     f"pool {name!r} is external; join it from another machine with:\n"
-                    f"  echorl worker --coordinator {self.url} --token {token} --pool {name} "
-                    f"--backend {pool.backend} --job job.yaml"
+                    f"  {shlex.join([*join, '--token', token])}"
                 )
-                continue
-            for i in range(pool.replicas if pool.replicas is not None else 1):
-                threads = pool.threads or plan.worker
-                self.procs.start(
-                    f"{name}-{i}",
-                    [
-                        *ECHORL,
-                        "worker",
-                        "--coordinator",
-                        self.url,
-                        "--pool",
-                        name,
-                        "--backend",
-                        pool.backend,
-                        "--job",
-                        job_file,
-                        "--device",
-                        pool.device,
-                        "--threads",
-                        str(threads),
-                        "--capacity",
-                        str(pool.capacity),
-                        "--metrics",
-                        str(self.dir / "workers" / f"{name}-{i}.jsonl"),
-                        "--cache-dir",
-                        str(self.dir / "cache" / f"{name}-{i}"),
-                    ],
-                    env={**_thread_env(threads), "ECHORL_TOKEN": self.tokens["pools"][name]},
-                    cpus=None if pins is None else pins.workers[started_workers],
-                )
-                started_workers += 1
+        for i, (process, name, pool) in enumerate(self._workers()):
+            threads = commands.worker_threads(pool, plan.worker)
+            self.procs.start(
+                process,
+                argvs.pop(process),
+                env={**_thread_env(threads), commands.WORKER_TOKEN_ENV: self.tokens["pools"][name]},
+                cpus=None if pins is None else pins.workers[i],
+            )
         self.procs.start(
             "evaluator",
-            [
-                sys.executable,
-                "-m",
-                "echo_runtime.runner.evaluator",
-                "--job",
-                job_file,
-                "--out",
-                str(self.dir / "eval.jsonl"),
-                "--t0",
-                repr(self.t0),
-                "--final",
-                str(self.max_steps),
-                "--cache-dir",
-                str(self.dir / "cache" / "evaluator"),
-            ],
+            argvs.pop("evaluator"),
             env=_thread_env(plan.evaluator),
             cpus=None if pins is None else pins.evaluator,
         )
-        swarm = self.job.training_swarm
-        trainer_threads = swarm.threads or plan.trainer
-        trainer_args = [
-            "trainer",
-            "--job",
-            job_file,
-            "--coordinator",
-            self.url,
-            "--metrics-file",
-            str(self.dir / "trainer.jsonl"),
-            "--max-steps",
-            str(self.max_steps),
-            "--cache-dir",
-            str(self.dir / "cache" / "trainer"),
-        ] + (["--resume"] if self.options.resume else [])
-        if swarm.processes_per_node * swarm.nodes > 1:
-            argv = [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                f"--nproc-per-node={swarm.processes_per_node}",
-                "-m",
-                "echo_runtime.cli",
-                *trainer_args,
-            ]
-        else:
-            argv = [*ECHORL, *trainer_args]
+        trainer_threads = self.job.training_swarm.threads or plan.trainer
         self.procs.start(
             "trainer",
-            argv,
-            env={**_thread_env(trainer_threads), "ECHORL_TRAINER_TOKEN": self.tokens["trainer"]},
+            argvs.pop("trainer"),
+            env={**_thread_env(trainer_threads), commands.TRAINER_TOKEN_ENV: self.tokens["trainer"]},
             cpus=None if pins is None else pins.trainer,
         )
+
+    def _workers(self) -> list[tuple[str, str, spec.InferenceSwarmSpec]]:
+        """(process name ``<pool>-<i>``, pool name, pool) of every worker this machine runs."""
+        return [
+            (f"{name}-{i}", name, pool)
+            for name, pool in self.job.inference_pools
+            if not pool.external
+            for i in range(pool.replicas if pool.replicas is not None else 1)
+        ]
+
+    def command_lines(self, port: int, plan: cpus.CorePlan) -> dict[str, list[str]]:
+        """The argv of every process, by name: the coordinator on ``port``, each worker, the evaluator
+        and the trainer (:mod:`echo_runtime.spec.commands`, as the operator's pods get them)."""
+        job_file, url = str(self.dir / "job.yaml"), f"http://127.0.0.1:{port}"
+        out = {
+            "coordinator": commands.coordinator(
+                PROGRAM,
+                job_file=job_file,
+                tokens_file=str(self.dir / "tokens.json"),
+                port=port,
+                heartbeat_interval_s=HEARTBEAT_INTERVAL_S,
+                lease_timeout_s=LEASE_TIMEOUT_S,
+            )
+        }
+        for process, name, pool in self._workers():
+            out[process] = commands.worker(
+                PROGRAM,
+                name,
+                pool,
+                job_file=job_file,
+                coordinator_url=url,
+                default_threads=plan.worker,
+                metrics_file=str(self.dir / "workers" / f"{process}.jsonl"),
+                cache_dir=str(self.dir / "cache" / process),
+            )
+        out["evaluator"] = commands.evaluator(
+            sys.executable,
+            job_file=job_file,
+            out_file=str(self.dir / "eval.jsonl"),
+            t0=self.t0,
+            final_version=self.max_steps,
+            cache_dir=str(self.dir / "cache" / "evaluator"),
+        )
+        out["trainer"] = commands.trainer(
+            PROGRAM,
+            self.job.training_swarm,
+            job_file=job_file,
+            coordinator_url=url,
+            resume=self.options.resume,
+            metrics_file=str(self.dir / "trainer.jsonl"),
+            max_steps=self.max_steps,
+            cache_dir=str(self.dir / "cache" / "trainer"),
+        )
+        return out
 
     def _wait_healthy(self, timeout_s: float = 120.0) -> None:
         try:
@@ -373,7 +316,7 @@ class LocalRun:
         status_client = coord.TrainerClient(
             self.url, self.tokens["trainer"], timeout=5.0, retry=coord.RetryPolicy(attempts=2, deadline=5.0)
         )
-        bar = _Bar(self.max_steps, enabled=self.options.progress)
+        bar = console.ProgressBar(self.max_steps, enabled=self.options.progress)
         accuracy: float | None = None
         due: dict[str, float] = {}
         """Processes waiting to be restarted, and when."""
@@ -498,93 +441,3 @@ def _worker_timing(directory: Path) -> dict[str, Any]:
             "incarnations": len(ends),
         }
     return out
-
-
-class _Bar:
-    def __init__(self, total: int, enabled: bool) -> None:
-        from tqdm import tqdm
-
-        self._bar = tqdm(
-            total=total, unit="step", dynamic_ncols=True, disable=not enabled, desc="policy version"
-        )
-        self._n = 0
-
-    def update_to(
-        self, version: int, doc: dict[str, Any], accuracy: float | None, restarted: dict[str, int]
-    ) -> None:
-        if version > self._n:
-            self._bar.update(version - self._n)
-            self._n = version
-        reward = doc.get("reward")
-        self._bar.set_postfix(
-            reward="-" if reward is None else f"{reward:.2f}",
-            heldout="-" if accuracy is None else f"{accuracy:.2f}",
-            rps=f"{doc.get('rolloutsPerSecond', 0.0):.1f}",
-            stale=f"{doc.get('maxObservedStaleness')}/{doc.get('maxStaleness')}",
-            dropped=doc.get("droppedStale", 0),
-            **({"restarts": ",".join(f"{k}:{v}" for k, v in restarted.items())} if restarted else {}),
-            refresh=False,
-        )
-
-    def close(self) -> None:
-        self._bar.close()
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM reached ``echorl run``: stop like Ctrl-C (the children run in sessions of their own, so a
-    signal to the runner alone would otherwise orphan them)."""
-
-    signum = signal.SIGTERM
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers can only be set from the main thread
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the clean-up short
-        raise Terminated()
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def run(job_path: Path, options: RunOptions, echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run the job to completion (or Ctrl-C / SIGTERM); return its summary."""
-    with _sigterm_as_interrupt():
-        return _run(job_path, options, echo)
-
-
-def _run(job_path: Path, options: RunOptions, echo: Callable[[str], None]) -> dict[str, Any]:
-    local = LocalRun(job_path, options, echo)
-    if local.job.sync_policy.mode == "Colocated":  # one process samples and trains: see colocated.py
-        from echo_runtime.runner import colocated
-
-        local = colocated.ColocatedRun(job_path, options, echo)
-    local.prepare()
-    local.resolve_model()
-    interrupted = False
-    try:
-        local.start()
-        code = local.monitor()
-        if code != 0:
-            raise RunError(
-                f"the trainer exited with code {code}:\n{local.procs.children['trainer'].log_tail()}"
-            )
-        summary = local.finish()
-    except KeyboardInterrupt as exc:
-        interrupted = True
-        what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
-        echo(f"{what}: stopping every process (resume with --resume)")
-        raise
-    finally:
-        local.procs.stop_all(grace_s=10.0)
-        if interrupted or not (local.dir / "summary.json").exists():
-            with contextlib.suppress(Exception):
-                local.write_summary()
-    return summary

@@ -8,8 +8,8 @@ Kinds (``apiVersion: echorl.dev/v1alpha1``): :class:`EchoJob`, :class:`Inference
 from echo_runtime.spec.base import API_GROUP, API_VERSION, GROUP_VERSION, LOCAL_DEFAULT, ObjectMeta, SpecModel
 from echo_runtime.spec.load import (
     Documents,
+    Finding,
     ManifestError,
-    Problem,
     ResolvedJob,
     load_documents,
     load_file,
@@ -45,6 +45,7 @@ __all__ = [
     "EchoJob",
     "EchoJobSpec",
     "EchoJobStatus",
+    "Finding",
     "InferencePool",
     "InferenceSwarm",
     "InferenceSwarmSpec",
@@ -55,7 +56,6 @@ __all__ = [
     "ObjectMeta",
     "Placement",
     "PoolStatus",
-    "Problem",
     "ResolvedJob",
     "Resources",
     "Retention",

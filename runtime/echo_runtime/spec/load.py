@@ -32,8 +32,8 @@ from echo_runtime.spec.swarms import InferenceSwarmSpec, TrainingSwarmSpec
 
 
 @dataclasses.dataclass(frozen=True)
-class Problem:
-    """One thing wrong with a manifest: where, and what."""
+class Finding:
+    """One thing found wrong with a manifest: where (field path, document), and what is wrong and allowed."""
 
     path: str
     message: str
@@ -45,14 +45,14 @@ class Problem:
 
 
 class ManifestError(ValueError):
-    """A manifest is invalid; ``problems`` lists every problem found."""
+    """A manifest is invalid; ``findings`` lists everything found wrong with it."""
 
-    def __init__(self, problems: Sequence[Problem], source: str = "") -> None:
-        self.problems = list(problems)
+    def __init__(self, findings: Sequence[Finding], source: str = "") -> None:
+        self.findings = list(findings)
         self.source = source
         where = f"{source}: " if source else ""
-        lines = "\n".join(f"  {p}" for p in self.problems)
-        super().__init__(f"{where}{len(self.problems)} problem(s)\n{lines}")
+        lines = "\n".join(f"  {p}" for p in self.findings)
+        super().__init__(f"{where}{len(self.findings)} problem(s)\n{lines}")
 
 
 def _join(loc: Iterable[str | int]) -> str:
@@ -196,32 +196,32 @@ def _as_kubectl_sends(value: Any, cluster: bool, path: tuple[str, ...] = ()) -> 
     }
 
 
-def _validate_document(doc: Any, index: int, cluster: bool = False) -> tuple[Manifest | None, list[Problem]]:
+def _validate_document(doc: Any, index: int, cluster: bool = False) -> tuple[Manifest | None, list[Finding]]:
     doc = _as_kubectl_sends(doc, cluster)
     if not isinstance(doc, dict):
-        return None, [Problem("", f"document {index}: must be a mapping with apiVersion and kind", index)]
-    problems: list[Problem] = []
+        return None, [Finding("", f"document {index}: must be a mapping with apiVersion and kind", index)]
+    findings: list[Finding] = []
     if doc.get("apiVersion") != GROUP_VERSION:
-        problems.append(
-            Problem("apiVersion", f"must be {GROUP_VERSION!r}, got {doc.get('apiVersion')!r}", index)
+        findings.append(
+            Finding("apiVersion", f"must be {GROUP_VERSION!r}, got {doc.get('apiVersion')!r}", index)
         )
     kind = doc.get("kind")
     cls = KINDS.get(kind) if isinstance(kind, str) else None
     if cls is None:
-        problems.append(Problem("kind", f"must be one of {', '.join(KINDS)}, got {kind!r}", index))
-        return None, problems
+        findings.append(Finding("kind", f"must be one of {', '.join(KINDS)}, got {kind!r}", index))
+        return None, findings
     try:
         obj = cls.model_validate(doc)
     except pydantic.ValidationError as exc:
         for err in exc.errors():
             loc, message = _message(err, cls)
-            if loc and loc[0] in ("apiVersion", "kind") and problems:
+            if loc and loc[0] in ("apiVersion", "kind") and findings:
                 continue  # already reported above in plainer words
-            problems.append(Problem(_join(loc), message, index))
-        return None, problems
-    if cluster and not problems:
-        problems = [Problem(path, message, index) for path, message in obj.cluster_problems()]
-    return obj, problems
+            findings.append(Finding(_join(loc), message, index))
+        return None, findings
+    if cluster and not findings:
+        findings = [Finding(path, message, index) for path, message in obj.cluster_problems()]
+    return obj, findings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,12 +241,12 @@ def read_documents(text: str, source: str = "", *, cluster: bool = False) -> Doc
     try:
         docs = [d for d in yaml.load_all(text, Loader=_Loader) if d is not None]
     except yaml.YAMLError as exc:
-        raise ManifestError([Problem("", f"not valid YAML: {exc}")], source) from exc
+        raise ManifestError([Finding("", f"not valid YAML: {exc}")], source) from exc
     if not docs:
-        raise ManifestError([Problem("", "no YAML documents found")], source)
+        raise ManifestError([Finding("", "no YAML documents found")], source)
     manifests: list[Manifest] = []
     skipped: list[str] = []
-    problems: list[Problem] = []
+    findings: list[Finding] = []
     for index, doc in enumerate(docs):
         if not _is_ours(doc):
             meta = doc.get("metadata")
@@ -254,11 +254,11 @@ def read_documents(text: str, source: str = "", *, cluster: bool = False) -> Doc
             skipped.append(f"{doc['kind']}/{name}" if name else doc["kind"])
             continue
         obj, found = _validate_document(doc, index, cluster)
-        problems.extend(found)
+        findings.extend(found)
         if obj is not None and not found:
             manifests.append(obj)
-    if problems:
-        raise ManifestError(problems, source)
+    if findings:
+        raise ManifestError(findings, source)
     return Documents(manifests, skipped)
 
 
@@ -273,7 +273,7 @@ def read_file(path: str | Path, *, cluster: bool = False) -> Documents:
     try:
         text = path.read_text()
     except OSError as exc:
-        raise ManifestError([Problem("", f"cannot read {path}: {exc.strerror}")], str(path)) from exc
+        raise ManifestError([Finding("", f"cannot read {path}: {exc.strerror}")], str(path)) from exc
     return read_documents(text, str(path), cluster=cluster)
 
 
@@ -298,12 +298,12 @@ class ResolvedJob:
 def resolve(job: EchoJob, others: Iterable[Manifest] = ()) -> ResolvedJob:
     """Resolve ``job``'s references against ``others``; raise ManifestError naming each missing one."""
     by_kind: dict[tuple[str, str], Manifest] = {(o.kind, o.metadata.name): o for o in others}
-    problems: list[Problem] = []
+    findings: list[Finding] = []
 
     def lookup(kind: str, name: str, path: str) -> Any:
         found = by_kind.get((kind, name))
         if found is None:
-            problems.append(Problem(path, f"refers to {kind} {name!r}, which is not defined"))
+            findings.append(Finding(path, f"refers to {kind} {name!r}, which is not defined"))
             return None
         return found.spec
 
@@ -323,8 +323,8 @@ def resolve(job: EchoJob, others: Iterable[Manifest] = ()) -> ResolvedJob:
         else:
             fields = {k: getattr(pool, k) for k in InferenceSwarmSpec.model_fields}
             pools.append((pool.name, InferenceSwarmSpec.model_validate(fields)))
-    if problems:
-        raise ManifestError(problems, job.metadata.name)
+    if findings:
+        raise ManifestError(findings, job.metadata.name)
     return ResolvedJob(
         name=job.metadata.name,
         namespace=job.metadata.namespace,
@@ -343,5 +343,5 @@ def load_job(path: str | Path, name: str | None = None) -> ResolvedJob:
         jobs = [j for j in jobs if j.metadata.name == name]
     if len(jobs) != 1:
         what = f"an EchoJob named {name!r}" if name else "exactly one EchoJob"
-        raise ManifestError([Problem("", f"expected {what}, found {len(jobs)}")], str(path))
+        raise ManifestError([Finding("", f"expected {what}, found {len(jobs)}")], str(path))
     return resolve(jobs[0], manifests)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from echo_operator import children
+from echo_operator.children import inputs
 from echo_runtime import spec
 
 HETEROGENEOUS = """
@@ -49,17 +49,17 @@ metadata: {name: shared-pool, namespace: ml}
 spec: {backend: transformers, device: cpu, replicas: 2, image: "registry.local/echorl-cpu:dev"}
 """
 
-MakeJob = Callable[..., children.JobInput]
+MakeJob = Callable[..., inputs.JobInput]
 
 
-def build_job(text: str = HETEROGENEOUS, uid: str = "uid-1", **store: str | None) -> children.JobInput:
+def build_job(text: str = HETEROGENEOUS, uid: str = "uid-1", **store: str | None) -> inputs.JobInput:
     docs = spec.load_documents(textwrap.dedent(text))
     job = next(d for d in docs if isinstance(d, spec.EchoJob))
     resolved = spec.resolve(job, docs)
     roles = ["trainer", "status", *(name for name, _ in resolved.inference_pools)]
     digests = {role: hashlib.sha256(role.encode()).hexdigest() for role in roles}
-    wiring = children.StoreWiring(secret=store.get("secret", "creds"), readonly_secret=store.get("readonly"))
-    return children.JobInput.from_resolved(resolved, uid, digests, wiring)
+    wiring = inputs.StoreWiring(secret=store.get("secret", "creds"), readonly_secret=store.get("readonly"))
+    return inputs.JobInput.from_resolved(resolved, uid, digests, wiring)
 
 
 @pytest.fixture

@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from echo_operator import apply, children, names
+from echo_operator.children import inputs
 from echo_operator.config import Settings
 
-MakeJob = Callable[..., children.JobInput]  # the make_job fixture (tests/unit/operator/conftest.py)
+MakeJob = Callable[..., inputs.JobInput]  # the make_job fixture (tests/unit/operator/conftest.py)
 
 
 def trainer(spec_hash: str | None = "h1", **status: Any) -> dict[str, Any]:
@@ -124,11 +125,11 @@ def test_summary() -> None:
     assert apply.summary("deleted", iter([])) == "deleted 0 object(s): "
 
 
-def suspend(job: children.JobInput, value: bool = True) -> children.JobInput:
+def suspend(job: inputs.JobInput, value: bool = True) -> inputs.JobInput:
     return dataclasses.replace(job, spec=job.spec.model_copy(update={"suspend": value}))
 
 
-def pool_deployment(job: children.JobInput, pool: str) -> dict[str, Any]:
+def pool_deployment(job: inputs.JobInput, pool: str) -> dict[str, Any]:
     return next(o for o in children.desired(job, Settings()) if o["metadata"]["name"] == f"demo-{pool}")
 
 

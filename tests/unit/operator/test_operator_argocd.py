@@ -75,8 +75,8 @@ def test_health_follows_the_operators_conditions(make_job: Any) -> None:
     starting = computed(make_job, coordinator=None, coordinator_error="connection refused")
     status, message = health(echojob(starting))
     assert status == "Progressing" and "connection refused" in message
-    problem = (status_mod.Problem("ReferenceNotFound", "SyncPolicy 'fast' not found"),)
-    status, message = health(echojob(computed(make_job, problems=problem)))
+    fault = (status_mod.Fault("ReferenceNotFound", "SyncPolicy 'fast' not found"),)
+    status, message = health(echojob(computed(make_job, faults=fault)))
     assert (status, message) == ("Degraded", "ReferenceNotFound: SyncPolicy 'fast' not found")
     lagging = doc(t=17, workers=[worker("w1", "gpu", 10, stuck=True), worker("w2", "cpu", 16)])
     behind = pool_lag.pools_behind(lagging, SyncPolicySpec(max_staleness=2))

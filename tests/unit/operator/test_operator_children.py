@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from echo_operator import children, names
+from echo_operator.children import coordinator, inputs, pods, token_secrets
 from echo_operator.config import Images, Settings
 from echo_runtime import spec
 
@@ -127,7 +128,7 @@ def test_gpu_pool_gets_vllm_image_placement_gpu_and_in_place_rollout(make_job: A
     assert args[args.index("--pool") + 1] == "gpu"
     assert args[args.index("--backend") + 1] == "vllm"
     assert env_of(gpu)["ECHORL_TOKEN"] == {"secretKeyRef": {"name": "demo-gpu-join", "key": "token"}}
-    assert args[args.index("--job") + 1] == children.JOB_FILE
+    assert args[args.index("--job") + 1] == pods.JOB_FILE
     assert {"name": "job", "mountPath": "/etc/echorl/job", "readOnly": True} in c["volumeMounts"]
 
 
@@ -274,7 +275,7 @@ def test_suspended_or_finished_jobs_have_no_trainer_and_no_running_processes(mak
 def test_single_process_trainer_runs_without_torchrun(make_job: Any) -> None:
     text = "apiVersion: echorl.dev/v1alpha1\nkind: EchoJob\nmetadata: {name: solo, namespace: ml}\n"
     sts = by_key(children.desired(make_job(text), SETTINGS))[("Job", "solo-trainer")]
-    assert container(sts)["command"][:4] == ["echorl", "trainer", "--job", children.JOB_FILE]
+    assert container(sts)["command"][:4] == ["echorl", "trainer", "--job", pods.JOB_FILE]
     assert "--resume" in container(sts)["command"]
     assert "resources" not in container(sts) or "limits" not in container(sts)["resources"]
 
@@ -286,7 +287,7 @@ def test_coordinator_is_a_recreated_singleton_with_probes_and_the_tokens_file(ma
     assert dep["spec"]["strategy"] == {"type": "Recreate"}
     c = container(dep)
     assert c["command"][:2] == ["echorl", "coordinator"]
-    assert c["command"][c["command"].index("--tokens-file") + 1] == children.TOKENS_FILE
+    assert c["command"][c["command"].index("--tokens-file") + 1] == pods.TOKENS_FILE
     assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
     assert volumes["tokens"] == {"name": "tokens", "secret": {"secretName": "demo-tokens"}}
@@ -339,7 +340,7 @@ def test_tokens_file_holds_digests_never_tokens(make_job: Any) -> None:
 def test_join_secret_follows_the_contract() -> None:
     owner = {"uid": "u"}
     external = {"coordinator": "https://1.2.3.4:8443", "fingerprint": "sha256:" + "ab" * 32, "ca.crt": None}
-    secret = children.join_secret("demo", "ml", owner, "mac", "tok-123", external)
+    secret = token_secrets.join_secret("demo", "ml", owner, "mac", "tok-123", external)
     assert secret["metadata"]["name"] == "demo-mac-join"
     assert base64.b64decode(secret["data"]["token"]).decode() == "tok-123"
     assert base64.b64decode(secret["data"]["coordinator"]).decode() == "https://1.2.3.4:8443"
@@ -347,9 +348,9 @@ def test_join_secret_follows_the_contract() -> None:
     assert "ca.crt" not in secret["data"]  # None: absent, not an empty key
     assert secret["metadata"]["labels"][names.POOL] == "mac"
     assert secret["metadata"]["ownerReferences"] == [owner]
-    trainer = children.join_secret("demo", "ml", owner, "trainer", "t")
+    trainer = token_secrets.join_secret("demo", "ml", owner, "trainer", "t")
     assert "coordinator" not in trainer["data"] and names.POOL not in trainer["metadata"]["labels"]
-    status = children.join_secret("demo", "ml", owner, names.STATUS_ROLE, "s")
+    status = token_secrets.join_secret("demo", "ml", owner, names.STATUS_ROLE, "s")
     assert (
         status["metadata"]["name"] == "demo-status-token" and names.POOL not in status["metadata"]["labels"]
     )
@@ -376,14 +377,14 @@ def _changed(text: str, old: str, new: str) -> str:
     return text.replace(old, new)
 
 
-def _hashes(job: children.JobInput) -> dict[str, str]:
+def _hashes(job: inputs.JobInput) -> dict[str, str]:
     out = {}
     for obj in workloads(children.desired(job, SETTINGS)):
         out[obj["metadata"]["name"]] = obj["spec"]["template"]["metadata"]["annotations"][names.SPEC_HASH]
     return out
 
 
-def _templates(job: children.JobInput) -> dict[str, str]:
+def _templates(job: inputs.JobInput) -> dict[str, str]:
     return {
         o["metadata"]["name"]: yaml.safe_dump(o["spec"]["template"])
         for o in workloads(children.desired(job, SETTINGS))
@@ -422,18 +423,18 @@ def test_suspend_scales_everything_to_zero(make_job: Any, hetero_text: str) -> N
 
 def test_external_service_only_when_wanted(make_job: Any) -> None:
     job = make_job()
-    assert children.coordinator_external_service(job, Settings(external_service_type="None")) is None
-    node_port = children.coordinator_external_service(job, Settings(external_service_type="NodePort"))
+    assert coordinator.coordinator_external_service(job, Settings(external_service_type="None")) is None
+    node_port = coordinator.coordinator_external_service(job, Settings(external_service_type="NodePort"))
     assert node_port is not None and node_port["spec"]["type"] == "NodePort"
     text = "apiVersion: echorl.dev/v1alpha1\nkind: EchoJob\nmetadata: {name: solo, namespace: ml}\n"
-    assert children.coordinator_external_service(make_job(text), SETTINGS) is None
+    assert coordinator.coordinator_external_service(make_job(text), SETTINGS) is None
 
 
 def test_with_tls_the_coordinator_serves_both_ports_and_the_external_service_only_https(
     make_job: Any,
 ) -> None:
     plain = make_job()
-    tls = children.TLSWiring("demo-coordinator-tls", "sha256:" + "ab" * 32, "CA")
+    tls = inputs.TLSWiring("demo-coordinator-tls", "sha256:" + "ab" * 32, "CA")
     job = dataclasses.replace(plain, tls=tls)
     objs = by_key(children.desired(job, SETTINGS))
     pod = objs[("Deployment", "demo-coordinator")]["spec"]["template"]

@@ -17,6 +17,7 @@ from click.testing import CliRunner
 
 from echo_operator import __main__ as entry
 from echo_operator import children
+from echo_operator.children import pods
 from echo_operator.config import Settings
 from echo_runtime.cli import main as echorl_main
 from echo_runtime.cli.operator_cmd import operator as operator_group
@@ -46,7 +47,7 @@ def split_torchrun(argv: list[str]) -> tuple[list[str], list[str]]:
 def test_every_pod_command_parses_against_the_real_cli(
     make_job: Any, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    files = {children.JOB_FILE: tmp_path / "job.yaml", children.TOKENS_FILE: tmp_path / "tokens.yaml"}
+    files = {pods.JOB_FILE: tmp_path / "job.yaml", pods.TOKENS_FILE: tmp_path / "tokens.yaml"}
     for path in files.values():
         path.write_text("{}\n")
     seen = set()

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from echo_operator import children, names
+from echo_operator.children import pods
 from echo_operator.config import Settings
 
 SETTINGS = Settings()
@@ -93,7 +94,7 @@ def test_a_mount_at_cache_replaces_the_scratch_volume_and_the_config_stays(make_
     }
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     assert mounts["/cache"] == "models" and mounts["/etc/extra"] == "extra"
-    assert mounts["/tmp"] == "tmp" and mounts[children.CONFIG_DIR] == "job"
+    assert mounts["/tmp"] == "tmp" and mounts[pods.CONFIG_DIR] == "job"
     assert {m["name"] for m in container["volumeMounts"]} <= set(volumes)  # no mount of a dropped volume
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from echo_operator import children, queueing
 from echo_operator import status as status_mod
+from echo_operator.children import inputs
 from echo_operator.config import Settings
 
 SETTINGS = Settings()
@@ -57,7 +58,7 @@ def test_pod_sets_carry_the_requests_and_placement_kueue_needs(make_job: Any) ->
 
 def test_a_suspended_held_or_finished_job_is_charged_for_the_pods_it_will_run(make_job: Any) -> None:
     job = make_job()
-    held = dataclasses.replace(job, held=status_mod.Hold("Queued", "waiting"))
+    held = dataclasses.replace(job, held=inputs.Hold("Queued", "waiting"))
     suspended = dataclasses.replace(job, spec=job.spec.model_copy(update={"suspend": True}))
     assert not held.active and not suspended.active
     for other in (held, suspended, dataclasses.replace(job, finished=True)):
@@ -251,7 +252,7 @@ def test_kueues_defaults_are_not_a_change_but_other_pods_are(make_job: Any) -> N
 
 def test_status_says_why_kueue_holds_the_job(make_job: Any) -> None:
     job = make_job()
-    hold = status_mod.Hold("Queued", "waiting for Kueue to admit Workload echojob-demo from LocalQueue q")
+    hold = inputs.Hold("Queued", "waiting for Kueue to admit Workload echojob-demo from LocalQueue q")
     obs = status_mod.Observation(generation=1, suspended=True, job=dataclasses.replace(job, held=hold))
     conds = {c.type: c for c in status_mod.conditions(obs, {})}
     assert (conds["Suspended"].status, conds["Suspended"].reason) == ("True", "Queued")
@@ -265,7 +266,7 @@ def test_status_says_why_kueue_holds_the_job(make_job: Any) -> None:
 
 
 def test_a_held_job_runs_no_process(make_job: Any) -> None:
-    held = dataclasses.replace(make_job(), held=status_mod.Hold("Queued", "waiting"))
+    held = dataclasses.replace(make_job(), held=inputs.Hold("Queued", "waiting"))
     objs = children.desired(held, SETTINGS)
     assert not [o for o in objs if o["kind"] == "Job"]
     assert all(o["spec"].get("replicas") == 0 for o in objs if o["kind"] == "Deployment")

@@ -122,7 +122,7 @@ def test_all_good(make_job: Any) -> None:
         ({"job": None}, "Reconciling"),
         ({"suspended": True}, "Suspended"),
         (
-            {"problems": (status_mod.Problem("ReferenceNotFound", "SyncPolicy 'x' not found"),)},
+            {"faults": (status_mod.Fault("ReferenceNotFound", "SyncPolicy 'x' not found"),)},
             "ReferenceNotFound",
         ),
     ],

@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from echo_operator import children, lifecycle, names, status_pass
+from echo_operator import lifecycle, names, status_pass
+from echo_operator.children import inputs
 
-MakeJob = Callable[..., children.JobInput]  # the make_job fixture (tests/unit/operator/conftest.py)
+MakeJob = Callable[..., inputs.JobInput]  # the make_job fixture (tests/unit/operator/conftest.py)
 
 NOW = "2026-02-03T04:05:06Z"
 

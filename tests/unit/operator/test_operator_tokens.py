@@ -6,10 +6,11 @@ import base64
 import hashlib
 from typing import Any
 
-from echo_operator import children, names, tokens
+from echo_operator import names, tokens
+from echo_operator.children import inputs
 from echo_runtime import spec
 
-TLS = children.TLSWiring("demo-coordinator-tls", "sha256:" + "cd" * 32, "-----BEGIN CERTIFICATE-----\n")
+TLS = inputs.TLSWiring("demo-coordinator-tls", "sha256:" + "cd" * 32, "-----BEGIN CERTIFICATE-----\n")
 
 
 def lb(*ingress: dict[str, str]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ metadata: {name: demo}
 def problems_of(text: str) -> dict[str, str]:
     with pytest.raises(spec.ManifestError) as info:
         spec.load_documents(textwrap.dedent(text))
-    return {p.path: p.message for p in info.value.problems}
+    return {p.path: p.message for p in info.value.findings}
 
 
 def test_minimal_manifest_gets_working_defaults() -> None:
@@ -171,7 +171,7 @@ def cluster_problems_of(text: str) -> dict[str, str]:
     spec.load_documents(text)  # valid for `echorl run`
     with pytest.raises(spec.ManifestError) as info:
         spec.load_documents(text, cluster=True)
-    return {p.path: p.message for p in info.value.problems}
+    return {p.path: p.message for p in info.value.findings}
 
 
 def test_a_complete_cluster_job_passes_the_cluster_rules() -> None:
@@ -300,7 +300,7 @@ def test_problems_in_several_documents_are_all_reported() -> None:
     )
     with pytest.raises(spec.ManifestError) as info:
         spec.load_documents(text)
-    by_doc = {(p.document, p.path) for p in info.value.problems}
+    by_doc = {(p.document, p.path) for p in info.value.findings}
     assert by_doc == {(0, "spec.suspend"), (1, "spec.maxStaleness")}
 
 
@@ -349,7 +349,7 @@ def test_missing_reference_names_the_field() -> None:
     assert isinstance(job, spec.EchoJob)
     with pytest.raises(spec.ManifestError) as info:
         spec.resolve(job)
-    (problem,) = info.value.problems
+    (problem,) = info.value.findings
     assert problem.path == "spec.inferenceSwarms[0].swarmRef"
     assert "'nope'" in problem.message
 

@@ -54,7 +54,7 @@ FULL = """
 def problems_of(text: str) -> dict[str, str]:
     with pytest.raises(spec.ManifestError) as info:
         spec.load_documents(textwrap.dedent(text))
-    return {p.path: p.message for p in info.value.problems}
+    return {p.path: p.message for p in info.value.findings}
 
 
 def test_a_full_template_loads_with_kubernetes_field_names() -> None:

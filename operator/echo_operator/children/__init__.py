@@ -1,0 +1,67 @@
+"""The children an EchoJob needs, computed by pure functions from its resolved spec.
+
+:func:`desired` turns a :class:`~.inputs.JobInput` (the job with its references resolved, the storage
+wiring and the digests of its join tokens) into the list of Kubernetes objects the operator
+server-side-applies. One module per thing rendered:
+
+* :mod:`.inputs` — what the children are computed from (:class:`~.inputs.JobInput`, the queue's
+  :class:`~.inputs.Hold`);
+* :mod:`.manifest` — ``<job>-config`` ConfigMap: the job manifest the processes read (placement and
+  replicas left out, so scaling a pool or moving it to other nodes does not restart the coordinator
+  and the trainer);
+* :mod:`.token_secrets` — ``<job>-tokens`` Secret: the coordinator's tokens file, SHA-256 digests only
+  (docs/contracts.md); and the join-token Secrets, made by :func:`~.token_secrets.join_secret` from a
+  token the caller generated (they hold random tokens, so they are no part of :func:`desired`);
+* :mod:`.coordinator` — ``<job>-coordinator`` Deployment and Service, and the external Service;
+* :mod:`.pools` — ``<job>-<pool>`` Deployment per in-cluster inference pool;
+* :mod:`.trainer` — ``<job>-trainer`` indexed Job and headless Service: the trainer as a gang;
+* :mod:`.pods` — what every pod is built from (environment, volumes, security, ``podTemplate``).
+
+Every process's command line comes from :mod:`echo_runtime.spec.commands`, as ``echorl run``'s do.
+
+Promises: the same input gives byte-identical output (re-applying changes nothing); every object is
+labelled (:mod:`echo_operator.names`) and controlled by the EchoJob through an owner reference;
+``suspend`` sets every replica count to zero and leaves the trainer Job out, and so does a job that
+is over (:attr:`~.inputs.JobInput.finished`); a pool whose ``replicas`` is unset leaves the field
+unowned, so ``kubectl scale`` or an HPA on the Deployment is not fought.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from echo_operator import names
+from echo_operator.children import coordinator, inputs, manifest, pools, token_secrets, trainer
+from echo_operator.config import Settings
+
+Object = dict[str, Any]
+
+
+def desired(job: inputs.JobInput, settings: Settings) -> list[Object]:
+    """Every object the job needs (except join-token Secrets), in the order they are applied.
+
+    The trainer Job only while the job is :attr:`~JobInput.active`: suspending the job, or the job
+    being over, stops the trainer (its pods hold GPUs) while everything else is scaled to zero.
+    """
+    objects: list[Object | None] = [
+        manifest.config_map(job),
+        token_secrets.tokens_secret(job),
+        coordinator.coordinator_service(job),
+        coordinator.coordinator_external_service(job, settings),
+        coordinator.coordinator_deployment(job, settings),
+        trainer.trainer_service(job),
+        trainer.trainer_job(job, settings) if job.active else None,
+        *(pools.pool_deployment(job, pool, settings) for pool in job.pools),
+    ]
+    return [o for o in objects if o is not None]
+
+
+def key(obj: Object) -> tuple[str, str]:
+    """(kind, name): how children are matched between desired and existing."""
+    return obj["kind"], obj["metadata"]["name"]
+
+
+def roles(job: inputs.JobInput) -> Sequence[str]:
+    """The roles that need a join token: the trainer and every pool."""
+    return ["trainer", names.STATUS_ROLE, *(p.name for p in job.pools)]
