@@ -50,6 +50,7 @@ import torch
 from echo_runtime import rollout, spec, staleness
 from echo_runtime.backends import base as backend_base
 from echo_runtime.runner import console, cpus, local, metrics
+from echo_runtime.spec import commands
 from echo_runtime.tasks import base as tasks_base
 
 RATE_WINDOW_S = 30.0
@@ -184,22 +185,15 @@ class ColocatedRun(local.LocalRun):
             )
         self.procs.start(
             "evaluator",
-            [
+            commands.evaluator(
                 sys.executable,
-                "-m",
-                "echo_runtime.runner.evaluator",
-                "--job",
-                str(self.dir / "job.yaml"),
-                "--out",
-                str(self.dir / "eval.jsonl"),
-                "--t0",
-                repr(self.t0),
-                "--final",
-                str(self.max_steps),
-                "--cache-dir",
-                str(self.dir / "cache" / "evaluator"),
-            ],
-            env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "ECHORL_THREADS": "1"},
+                job_file=str(self.dir / "job.yaml"),
+                out_file=str(self.dir / "eval.jsonl"),
+                t0=self.t0,
+                final_version=self.max_steps,
+                cache_dir=str(self.dir / "cache" / "evaluator"),
+            ),
+            env=local.thread_env(1),
             cpus=None if pins is None else pins.evaluator,
         )
 

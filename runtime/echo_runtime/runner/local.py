@@ -86,7 +86,8 @@ def free_port() -> int:
         return port
 
 
-def _thread_env(threads: int) -> dict[str, str]:
+def thread_env(threads: int) -> dict[str, str]:
+    """The variables that hold a local process to ``threads`` threads (torch, MKL and Echo's own)."""
     return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "ECHORL_THREADS": str(threads)}
 
 
@@ -178,7 +179,7 @@ class LocalRun:
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         argvs = self.command_lines(port, plan)
-        self.procs.start("coordinator", argvs.pop("coordinator"), env=_thread_env(1))
+        self.procs.start("coordinator", argvs.pop("coordinator"), env=thread_env(1))
         self._wait_healthy()
         self.echo(
             f"processes: coordinator, trainer ({plan.trainer} thread(s)), {n_workers} worker(s) "
@@ -214,20 +215,20 @@ class LocalRun:
             self.procs.start(
                 process,
                 argvs.pop(process),
-                env={**_thread_env(threads), commands.WORKER_TOKEN_ENV: self.tokens["pools"][name]},
+                env={**thread_env(threads), commands.WORKER_TOKEN_ENV: self.tokens["pools"][name]},
                 cpus=None if pins is None else pins.workers[i],
             )
         self.procs.start(
             "evaluator",
             argvs.pop("evaluator"),
-            env=_thread_env(plan.evaluator),
+            env=thread_env(plan.evaluator),
             cpus=None if pins is None else pins.evaluator,
         )
         trainer_threads = self.job.training_swarm.threads or plan.trainer
         self.procs.start(
             "trainer",
             argvs.pop("trainer"),
-            env={**_thread_env(trainer_threads), commands.TRAINER_TOKEN_ENV: self.tokens["trainer"]},
+            env={**thread_env(trainer_threads), commands.TRAINER_TOKEN_ENV: self.tokens["trainer"]},
             cpus=None if pins is None else pins.trainer,
         )
 
