@@ -640,7 +640,7 @@ class CoordinatorState:
 
     def _validate(self, worker: Worker, req: wire.SubmitRequest) -> None:
         cfg = self.config
-        problem = trust.group_problem(
+        refusal = trust.group_refusal(
             req,
             group_size=cfg.group_size,
             max_new_tokens=cfg.max_new_tokens,
@@ -649,10 +649,10 @@ class CoordinatorState:
             known_versions=worker.known_versions,
             detokenizer=self.detokenizer,
         )
-        if problem is not None:
-            if problem.reason is not None:
-                self.rejected.add(worker.pool, problem.reason)
-            raise Rejected(422, "invalid", problem.field, problem.message)
+        if refusal is not None:
+            if refusal.reason is not None:
+                self.rejected.add(worker.pool, refusal.reason)
+            raise Rejected(422, "invalid", refusal.field, refusal.message)
 
     # ------------------------------------------------------------------------------------- trainer
     def announce(self, version: int) -> wire.AnnounceReply:
