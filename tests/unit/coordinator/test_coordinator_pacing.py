@@ -115,7 +115,7 @@ def test_fast_workers_are_never_dropped_and_no_prompt_is_lost(
     assert len(outstanding) == len(set(outstanding))
     assert drawn <= set(swarm.consumed) | set(outstanding), "a prompt was drawn and then lost"
     assert len(swarm.consumed) == len(set(swarm.consumed)) == swarm.batches * batch
-    assert s.requeued_prompts == s.dropped_stale
+    assert s.counters.requeued_prompts == s.counters.dropped_stale
 
 
 @pytest.mark.parametrize("dmax", [0, 1, 2, 4])
@@ -129,13 +129,15 @@ def test_workers_much_faster_than_the_trainer(dmax: int, pacing: bool) -> None:
             swarm.lease(i)
             swarm.submit(i)
         swarm.train()
-    generated = s.generated_groups
+    generated = s.counters.generated_groups
     assert swarm.batches == 40 and generated >= 40 * 4
     if pacing:
-        assert s.dropped_stale == 0 and swarm.fast_drops() == 0
+        assert s.counters.dropped_stale == 0 and swarm.fast_drops() == 0
     else:
-        assert s.dropped_stale > generated / 4  # what pacing saves: the buffer refilled at an old version
-    assert s.requeued_prompts == s.dropped_stale
+        assert (
+            s.counters.dropped_stale > generated / 4
+        )  # what pacing saves: the buffer refilled at an old version
+    assert s.counters.requeued_prompts == s.counters.dropped_stale
 
 
 def test_a_known_slow_worker_is_passed_over_while_a_fast_one_keeps_up() -> None:
@@ -181,7 +183,7 @@ def test_a_stragglers_lease_gives_its_place_to_a_worker_that_delivers() -> None:
     assert s.pull_batch(1, 5.0).ready
     s.announce(2)
     late = s.submit(stuck, held[0].task_id, group(s, held[0], 1), 9.0)
-    assert late.outcome == "dropped" and s.requeued_prompts == 1
+    assert late.outcome == "dropped" and s.counters.requeued_prompts == 1
 
 
 class PrefetchingSwarm(Swarm):
@@ -234,7 +236,7 @@ def test_a_trainer_that_asks_before_it_announces_keeps_the_bound_and_loses_no_pr
     assert drawn <= set(swarm.consumed) | set(outstanding), "a prompt was drawn and then lost"
     taken = swarm.batches + (swarm.held_batch is not None)
     assert len(swarm.consumed) == len(set(swarm.consumed)) == taken * batch
-    assert s.trainer_seconds in (None, 1.0)  # the pace it was told, not the gap between requests
+    assert s.pacing.trainer_seconds in (None, 1.0)  # the pace it was told, not the gap between requests
 
 
 @pytest.mark.parametrize("dmax", [1, 2, 4])
@@ -251,4 +253,4 @@ def test_with_room_in_the_bound_the_prefetched_batch_is_ready_when_the_step_star
         swarm.train()
         swarm.publish(0)
     assert swarm.batches == 29 and swarm.prefetched == swarm.batches
-    assert s.dropped_stale == 0 and 1 <= (s.max_observed_staleness or 0) <= dmax
+    assert s.counters.dropped_stale == 0 and 1 <= (s.counters.max_observed_staleness or 0) <= dmax
