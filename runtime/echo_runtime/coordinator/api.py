@@ -47,7 +47,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from echo_runtime.coordinator import auth, config, metrics, scoring, state, wire
+from echo_runtime.coordinator import auth, config, errors, metrics, report, roster, scoring, state, wire
 
 log = logging.getLogger("echorl.coordinator")
 M = TypeVar("M", bound=wire.WireModel)
@@ -95,7 +95,7 @@ class Incoming(Protocol):
         ...
 
     async def body(self, limit: int) -> bytes:
-        """The whole body; :class:`~.state.Rejected` (413) past ``limit`` bytes."""
+        """The whole body; :class:`~.errors.Rejected` (413) past ``limit`` bytes."""
         ...
 
     async def disconnected(self) -> bool: ...
@@ -161,13 +161,13 @@ class Service:
         """Expire silent workers and overdue leases every ``expire_interval`` seconds, for ever."""
         while True:
             await asyncio.sleep(self.expire_interval)
-            caught = len(self.state.quarantined)
+            caught = len(self.state.quarantined.records)
             try:
                 dead, released = self.state.expire(self.clock())
             except Exception:  # a bug here must not stop expiry for the rest of the run
                 log.exception("lease expiry failed; trying again in %.1f s", self.expire_interval)
                 continue
-            for record in list(self.state.quarantined.values())[caught:]:
+            for record in list(self.state.quarantined.records.values())[caught:]:
                 log.warning(
                     "worker %s (pool %s) quarantined: %s", record.worker_id, record.pool, record.reason
                 )
@@ -182,29 +182,31 @@ class Service:
         """The request's join token (401 unless it is one of the job's)."""
         token = auth.bearer(incoming.header("authorization"))
         if token is None or not self.tokens.is_known(token):
-            raise state.Rejected(
+            raise errors.Rejected(
                 401, "unauthorized", "Authorization", "send a join token as 'Authorization: Bearer <token>'"
             )
         return token
 
     def require_trainer(self, incoming: Incoming) -> None:
         if not self.tokens.is_trainer(self.token(incoming)):
-            raise state.Rejected(403, "forbidden", "Authorization", "this endpoint needs the trainer's token")
+            raise errors.Rejected(
+                403, "forbidden", "Authorization", "this endpoint needs the trainer's token"
+            )
 
-    def require_worker(self, incoming: Incoming, worker_id: str) -> state.Worker:
+    def require_worker(self, incoming: Incoming, worker_id: str) -> roster.WorkerRecord:
         token = self.token(incoming)
         if len(worker_id) > MAX_ID_CHARS:
-            raise state.Rejected(422, "invalid", "workerId", f"at most {MAX_ID_CHARS} characters")
+            raise errors.Rejected(422, "invalid", "workerId", f"at most {MAX_ID_CHARS} characters")
         worker = self.state.worker(worker_id)
         if not self.tokens.is_pool(worker.pool, token):
-            raise state.Rejected(
+            raise errors.Rejected(
                 403,
                 "forbidden",
                 "Authorization",
                 f"not the join token of pool {worker.pool!r} (worker {worker_id})",
             )
         if not auth.matches(incoming.header("x-echo-session"), worker.session_hash):
-            raise state.Rejected(
+            raise errors.Rejected(
                 403, "forbidden", SESSION_HEADER, f"missing or wrong session key for {worker_id}"
             )
         return worker
@@ -219,9 +221,9 @@ async def parse(incoming: Incoming, model: type[M], limit: int) -> M:
         raise invalid(exc.errors(include_url=False)) from None
 
 
-def invalid(errors: Any) -> state.Rejected:
-    """A 422 naming the first problem's field (``rollouts[3].logprobs[7]``)."""
-    first = errors[0]
+def invalid(failures: Any) -> errors.Rejected:
+    """A 422 naming the field of pydantic's first validation error (``rollouts[3].logprobs[7]``)."""
+    first = failures[0]
     field = ""
     for part in first.get("loc", ()):
         if part in ("body", "path", "query", "header"):
@@ -233,8 +235,8 @@ def invalid(errors: Any) -> state.Rejected:
     )
     if first.get("type") == "json_invalid":
         field, message = "body", f"not valid JSON: {first.get('ctx', {}).get('error', message)}"
-    more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
-    return state.Rejected(422, "invalid", field or "body", message + more)
+    more = f" (and {len(failures) - 1} more problem(s))" if len(failures) > 1 else ""
+    return errors.Rejected(422, "invalid", field or "body", message + more)
 
 
 # ---------------------------------------------------------------------------------------- handlers
@@ -242,7 +244,7 @@ async def handle_register(svc: Service, incoming: Incoming) -> wire.RegisterRepl
     token = svc.token(incoming)
     req = await parse(incoming, wire.RegisterRequest, SMALL_BODY)
     if not svc.tokens.is_pool(req.pool, token):
-        raise state.Rejected(403, "forbidden", "Authorization", f"not the join token of pool {req.pool!r}")
+        raise errors.Rejected(403, "forbidden", "Authorization", f"not the join token of pool {req.pool!r}")
     key = auth.new_secret()
     reply = svc.state.register(req, auth.digest(key), svc.clock())
     return reply.model_copy(update={"session_key": key})
@@ -270,7 +272,7 @@ async def handle_lease(svc: Service, incoming: Incoming, worker_id: str) -> wire
 async def handle_submit(svc: Service, incoming: Incoming, worker_id: str, task_id: str) -> wire.SubmitReply:
     svc.require_worker(incoming, worker_id)
     if len(task_id) > MAX_ID_CHARS:
-        raise state.Rejected(422, "invalid", "taskId", f"at most {MAX_ID_CHARS} characters")
+        raise errors.Rejected(422, "invalid", "taskId", f"at most {MAX_ID_CHARS} characters")
     req = await parse(incoming, wire.SubmitRequest, svc.submit_limit)
     prepared = svc.state.prepare_submit(worker_id, task_id, req, svc.clock())
     if isinstance(prepared, wire.SubmitReply):
@@ -325,7 +327,7 @@ async def handle_batch(svc: Service, incoming: Incoming) -> wire.BatchReply:
 
 async def handle_status(svc: Service, incoming: Incoming) -> wire.StatusDocument:
     svc.token(incoming)
-    return svc.state.status(svc.clock(), svc.wall_clock())
+    return report.status_document(svc.state, svc.clock(), svc.wall_clock())
 
 
 # ---------------------------------------------------------------------------------------- FastAPI
@@ -342,7 +344,7 @@ class _StarletteIncoming:
         async for chunk in self.request.stream():
             size += len(chunk)
             if size > limit:
-                raise state.Rejected(413, "too_large", "body", f"at most {limit} bytes")
+                raise errors.Rejected(413, "too_large", "body", f"at most {limit} bytes")
             chunks.append(chunk)
         return b"".join(chunks)
 
@@ -352,14 +354,14 @@ class _StarletteIncoming:
 
 def _check_declared_length(declared: str | None, limit: int) -> None:
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise state.Rejected(413, "too_large", "body", f"at most {limit} bytes, got {declared}")
+        raise errors.Rejected(413, "too_large", "body", f"at most {limit} bytes, got {declared}")
 
 
 def _json(model: pydantic.BaseModel, status: int = 200) -> Response:
     return Response(model.model_dump_json(by_alias=True), status_code=status, media_type="application/json")
 
 
-def error_reply(exc: state.Rejected) -> wire.ErrorReply:
+def error_reply(exc: errors.Rejected) -> wire.ErrorReply:
     return wire.ErrorReply(error=wire.ErrorDetail(code=exc.code, field=exc.field, message=exc.message))
 
 
@@ -403,8 +405,8 @@ def create_fastapi(svc: Service) -> FastAPI:
     )
     worker_auth = _security("joinToken", "session")
 
-    @app.exception_handler(state.Rejected)
-    async def _rejected(request: Request, exc: state.Rejected) -> Response:
+    @app.exception_handler(errors.Rejected)
+    async def _rejected(request: Request, exc: errors.Rejected) -> Response:
         svc.rejections.add(exc.status, exc.code, exc.field)
         return _json(error_reply(exc), exc.status)
 
@@ -415,7 +417,7 @@ def create_fastapi(svc: Service) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         code = "not_found" if exc.status_code in (404, 405) else "invalid"
-        return await _rejected(request, state.Rejected(exc.status_code, code, "path", str(exc.detail)))
+        return await _rejected(request, errors.Rejected(exc.status_code, code, "path", str(exc.detail)))
 
     def route(
         method: str,
@@ -540,7 +542,7 @@ def create_fastapi(svc: Service) -> FastAPI:
         if svc.metrics_auth:
             token = auth.bearer(request.headers.get("authorization"))
             if not (svc.tokens.is_status(token) or svc.tokens.is_trainer(token)):
-                raise state.Rejected(
+                raise errors.Rejected(
                     401,
                     "unauthorized",
                     "Authorization",
@@ -596,11 +598,11 @@ class _AsgiIncoming:
         while True:
             message = await self.receive()
             if message["type"] == "http.disconnect":
-                raise state.Rejected(400, "invalid", "body", "client disconnected")
+                raise errors.Rejected(400, "invalid", "body", "client disconnected")
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
-                raise state.Rejected(413, "too_large", "body", f"at most {limit} bytes")
+                raise errors.Rejected(413, "too_large", "body", f"at most {limit} bytes")
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
@@ -650,7 +652,7 @@ class FastPath:
         status = 200
         try:
             reply: pydantic.BaseModel = await call(_AsgiIncoming(scope, receive))
-        except state.Rejected as exc:
+        except errors.Rejected as exc:
             self.service.rejections.add(exc.status, exc.code, exc.field)
             status, reply = exc.status, error_reply(exc)
         except Exception:

@@ -44,7 +44,7 @@ class StateCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily]:
         s, job = self.state, self.state.config.job
-        ledger = s.ledger
+        ledger, counts = s.ledger, s.counters
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
             g = GaugeMetricFamily(_PREFIX + name, doc, labels=["job"])
@@ -63,7 +63,7 @@ class StateCollector(Collector):
         yield gauge(
             "max_observed_staleness",
             "Largest staleness of any consumed group (-1 before the first batch).",
-            -1 if s.max_observed_staleness is None else s.max_observed_staleness,
+            -1 if counts.max_observed_staleness is None else counts.max_observed_staleness,
         )
         yield gauge("buffer_groups", "Complete groups in the replay buffer.", ledger.buffered)
         yield gauge(
@@ -77,39 +77,43 @@ class StateCollector(Collector):
         yield counter(
             "tasks_reissued", "Leases that expired or were released; their tasks went back.", ledger.reissued
         )
-        yield counter("groups_consumed", "Groups handed to the trainer.", s.consumed_groups)
+        yield counter("groups_consumed", "Groups handed to the trainer.", counts.consumed_groups)
         yield counter(
-            "groups_dropped_stale", "Groups dropped because they would break the bound.", s.dropped_stale
+            "groups_dropped_stale", "Groups dropped because they would break the bound.", counts.dropped_stale
         )
-        yield counter("groups_weighted_stale", "Groups consumed with importance weights.", s.weighted_stale)
+        yield counter(
+            "groups_weighted_stale", "Groups consumed with importance weights.", counts.weighted_stale
+        )
         yield counter(
             "groups_generated",
             "Valid group submissions (buffered or dropped on arrival).",
-            s.generated_groups,
+            counts.generated_groups,
         )
         yield counter(
-            "groups_dropped_quarantined", "Groups of quarantined workers dropped.", s.dropped_quarantined
+            "groups_dropped_quarantined", "Groups of quarantined workers dropped.", counts.dropped_quarantined
         )
         yield counter(
-            "prompts_requeued", "Prompts of dropped groups put back in the queue.", s.requeued_prompts
+            "prompts_requeued", "Prompts of dropped groups put back in the queue.", counts.requeued_prompts
         )
         yield counter(
-            "verifier_timeouts", "Rollouts whose re-scoring timed out (scored 0).", s.verifier_timeouts
+            "verifier_timeouts", "Rollouts whose re-scoring timed out (scored 0).", counts.verifier_timeouts
         )
-        yield counter("verifier_errors", "Rollouts whose verifier raised (scored 0).", s.verifier_errors)
+        yield counter("verifier_errors", "Rollouts whose verifier raised (scored 0).", counts.verifier_errors)
         yield gauge(
             "pacing", "1 when leases are paced to the staleness bound.", 1.0 if s.config.pacing else 0.0
         )
-        yield counter("rollouts_accepted", "Rollouts accepted into the buffer.", s.accepted_rollouts)
-        yield counter("batches", "Batches handed to the trainer.", s.batches)
-        yield counter("workers_expired", "Workers forgotten after missing heartbeats.", s.workers_expired)
-        if s.last_reward is not None:
-            yield gauge("reward", "Mean verified reward of the last batch.", s.last_reward)
+        yield counter("rollouts_accepted", "Rollouts accepted into the buffer.", counts.accepted_rollouts)
+        yield counter("batches", "Batches handed to the trainer.", counts.batches)
+        yield counter(
+            "workers_expired", "Workers forgotten after missing heartbeats.", counts.workers_expired
+        )
+        if counts.last_reward is not None:
+            yield gauge("reward", "Mean verified reward of the last batch.", counts.last_reward)
 
         workers = GaugeMetricFamily(
             _PREFIX + "workers", "Registered workers per pool.", labels=["job", "pool"]
         )
-        per_pool = collections.Counter(w.pool for w in s.workers.values())
+        per_pool = collections.Counter(w.pool for w in s.roster.workers.values())
         for pool in sorted(set(s.config.pools) | set(per_pool)):
             workers.add_metric([job, pool], per_pool[pool])
         yield workers
@@ -119,7 +123,7 @@ class StateCollector(Collector):
             "Workers the trainer quarantined (behaviour log-probs disagree), per pool.",
             labels=["job", "pool"],
         )
-        caught = collections.Counter(q.pool for q in s.quarantined.values())
+        caught = collections.Counter(q.pool for q in s.quarantined.records.values())
         for pool in sorted(set(s.config.pools) | set(caught)):
             quarantined.add_metric([job, pool], caught[pool])
         yield quarantined
@@ -130,20 +134,20 @@ class StateCollector(Collector):
             labels=["job", "pool", "reason"],
         )
         for pool in s.config.pools:
-            for reason, n in s.rejected.of(pool).items():
+            for reason, n in counts.rejected.of(pool).items():
                 untrusted.add_metric([job, pool, reason], n)
         yield untrusted
 
         hist = HistogramMetricFamily(
             _PREFIX + "staleness", "Staleness of consumed groups (t_train - policy version).", labels=["job"]
         )
-        bound = max(s.config.policy.max_staleness, max(s.staleness_histogram, default=0))
+        bound = max(s.config.policy.max_staleness, max(counts.staleness_histogram, default=0))
         buckets, running = [], 0
         for k in range(bound + 1):
-            running += s.staleness_histogram.get(k, 0)
+            running += counts.staleness_histogram.get(k, 0)
             buckets.append((str(float(k)), running))
         buckets.append(("+Inf", running))
-        total = sum(k * v for k, v in s.staleness_histogram.items())
+        total = sum(k * v for k, v in counts.staleness_histogram.items())
         hist.add_metric([job], buckets, total)
         yield hist
 

@@ -3,24 +3,22 @@
 Pure: a function of the state and two clocks (monotonic ``now`` for ages and rates, ``wall_now`` for
 the RFC 3339 heartbeat times people read). The operator and ``echorl run`` read this document; the
 operator copies the staleness figures, worker counts and quarantines into the EchoJob's status.
+It stands above the state it reads (:mod:`.state` never imports it); :mod:`.api` serves it.
 """
 
 from __future__ import annotations
 
 import datetime
-from typing import TYPE_CHECKING
 
-from echo_runtime.coordinator import wire
-
-if TYPE_CHECKING:
-    from echo_runtime.coordinator.state import CoordinatorState, Worker
+from echo_runtime.coordinator import roster, state, wire
 
 
-def status_document(state: CoordinatorState, now: float, wall_now: float) -> wire.StatusDocument:
-    """The status document of ``state`` at ``now`` (monotonic) / ``wall_now`` (Unix seconds)."""
-    pools: dict[str, list[Worker]] = {name: [] for name in state.config.pools}
+def status_document(coordinator: state.CoordinatorState, now: float, wall_now: float) -> wire.StatusDocument:
+    """The status document of ``coordinator`` at ``now`` (monotonic) / ``wall_now`` (Unix seconds)."""
+    counts = coordinator.counters
+    pools: dict[str, list[roster.WorkerRecord]] = {name: [] for name in coordinator.config.pools}
     workers = []
-    for w in state.workers.values():
+    for w in coordinator.roster.workers.values():
         pools.setdefault(w.pool, []).append(w)
         seen = datetime.datetime.fromtimestamp(wall_now - (now - w.last_seen), tz=datetime.UTC)
         workers.append(
@@ -35,7 +33,7 @@ def status_document(state: CoordinatorState, now: float, wall_now: float) -> wir
                 loaded_version=w.loaded_version,
                 last_heartbeat=seen.strftime("%Y-%m-%dT%H:%M:%SZ"),
                 rollouts_per_second=round(w.rate.rate(now), 3),
-                stuck=state.stuck(w, now),
+                stuck=coordinator.roster.stuck(w, now),
                 quarantined=w.quarantine is not None,
             )
         )
@@ -46,31 +44,31 @@ def status_document(state: CoordinatorState, now: float, wall_now: float) -> wir
         summaries[name] = wire.PoolSummary(
             workers=len(serving),
             min_loaded_version=min(loaded) if len(loaded) == len(serving) and loaded else None,
-            leases=sum(state.ledger.leases_of(w.id) for w in members),
-            quarantined=sum(1 for q in state.quarantined.values() if q.pool == name),
-            rejected_rollouts=state.rejected.of(name),
+            leases=sum(coordinator.ledger.leases_of(w.id) for w in members),
+            quarantined=coordinator.quarantined.in_pool(name),
+            rejected_rollouts=counts.rejected.of(name),
         )
-    capacity = state.config.batch_size if state.sequential else state.config.buffer_capacity
+    capacity = coordinator.config.batch_size if coordinator.sequential else coordinator.config.buffer_capacity
     return wire.StatusDocument(
-        job=state.config.job,
-        mode=state.config.policy.mode,
-        max_staleness=state.config.policy.max_staleness,
-        policy_version=state.published,
-        buffer=wire.BufferStatus(groups=state.ledger.buffered, capacity=capacity),
-        max_observed_staleness=state.max_observed_staleness,
-        staleness_histogram={str(k): v for k, v in sorted(state.staleness_histogram.items()) if v},
-        dropped_stale=state.dropped_stale,
-        weighted_stale=state.weighted_stale,
-        consumed_groups=state.consumed_groups,
-        generated_groups=state.generated_groups,
-        dropped_quarantined=state.dropped_quarantined,
-        requeued_prompts=state.requeued_prompts,
-        verifier_timeouts=state.verifier_timeouts,
-        verifier_errors=state.verifier_errors,
-        epoch=state.epoch,
-        pacing=state.config.pacing,
-        rollouts_per_second=round(state.rate.rate(now), 3),
-        reward=state.last_reward,
+        job=coordinator.config.job,
+        mode=coordinator.config.policy.mode,
+        max_staleness=coordinator.config.policy.max_staleness,
+        policy_version=coordinator.published,
+        buffer=wire.BufferStatus(groups=coordinator.ledger.buffered, capacity=capacity),
+        max_observed_staleness=counts.max_observed_staleness,
+        staleness_histogram={str(k): v for k, v in sorted(counts.staleness_histogram.items()) if v},
+        dropped_stale=counts.dropped_stale,
+        weighted_stale=counts.weighted_stale,
+        consumed_groups=counts.consumed_groups,
+        generated_groups=counts.generated_groups,
+        dropped_quarantined=counts.dropped_quarantined,
+        requeued_prompts=counts.requeued_prompts,
+        verifier_timeouts=counts.verifier_timeouts,
+        verifier_errors=counts.verifier_errors,
+        epoch=coordinator.epoch,
+        pacing=coordinator.config.pacing,
+        rollouts_per_second=round(counts.rate.rate(now), 3),
+        reward=counts.last_reward,
         workers=workers,
         pools=summaries,
         quarantined=[
@@ -82,6 +80,6 @@ def status_document(state: CoordinatorState, now: float, wall_now: float) -> wir
                 mismatch=q.mismatch,
                 version=q.version,
             )
-            for q in state.quarantined.values()
+            for q in coordinator.quarantined.records.values()
         ],
     )

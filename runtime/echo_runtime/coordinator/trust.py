@@ -5,7 +5,7 @@ The wire models bound lengths and ranges; :mod:`.state` checks the job's limits 
 scored and to the policy the worker really holds — pure functions, densely tested:
 
 * **Token ids are the text.** The trainer trains on token ids, the verifier scores text; a worker could
-  send a correct answer as text and any ids it likes. :meth:`Detokenizer.problem` decodes the ids
+  send a correct answer as text and any ids it likes. :meth:`Detokenizer.refusal` decodes the ids
   exactly as every backend does (:func:`echo_runtime.backends.sampling.finish`: the ids up to the end of
   sequence, decoded with special tokens kept) and compares with the completion. The stream must end as
   ``finish`` ends one: an end-of-sequence id only as the last token (``finishReason: stop``), or none.
@@ -17,9 +17,9 @@ scored and to the policy the worker really holds — pure functions, densely tes
   the log-probs and quarantines a worker whose behaviour log-probs disagree
   (:mod:`echo_runtime.trainer.verify`).
 
-:func:`group_problem` is the whole check of a submitted group, shape included (size, lengths, the
-vocabulary, published versions, finite log-probs), first problem first; the coordinator turns it into a
-422 naming the field, and counts the trust problems per pool (:class:`PoolCounters`) for the status
+:func:`group_refusal` is the whole check of a submitted group, shape included (size, lengths, the
+vocabulary, published versions, finite log-probs), first refusal first; the coordinator turns it into a
+422 naming the field, and counts the trust refusals per pool (:class:`PoolCounters`) for the status
 document and Prometheus.
 """
 
@@ -29,16 +29,24 @@ import collections
 import dataclasses
 import math
 from collections.abc import Callable, Collection, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from echo_runtime.coordinator import wire
 
-Problem = tuple[str, str]
-"""``(field, message)`` of a rejected rollout: ``("rollouts[3].tokenIds", "...")``."""
 
 REASONS = ("tokenMismatch", "unloadedVersion")
 """The rejection reasons counted per pool."""
+
+
+class Refusal(NamedTuple):
+    """Why a submitted rollout or group is refused: the field at fault (``rollouts[3].tokenIds``), what
+    was wrong, and the counted trust reason (None for a malformed group, and until
+    :func:`group_refusal` names it)."""
+
+    field: str
+    message: str
+    reason: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,14 +57,14 @@ class Detokenizer:
     """``tokenizer.decode(ids, skip_special_tokens=False)`` — what the backends call."""
     eos_ids: frozenset[int]
 
-    def problem(
+    def refusal(
         self, where: str, token_ids: Sequence[int], completion: str, finish_reason: str | None
-    ) -> Problem | None:
+    ) -> Refusal | None:
         """Why the ids of rollout ``where`` are not the stream that produced ``completion``, or None."""
         last = len(token_ids) - 1
         for i, token in enumerate(token_ids[:-1]):
             if token in self.eos_ids:
-                return (
+                return Refusal(
                     f"{where}.tokenIds[{i}]",
                     f"end-of-sequence id {token} before the last token (at {i} of {last + 1}): a completion "
                     "ends at its first end-of-sequence token",
@@ -64,7 +72,7 @@ class Detokenizer:
         stopped = token_ids[last] in self.eos_ids
         if finish_reason is not None and (finish_reason == "stop") != stopped:
             ends = "ends with" if stopped else "does not end with"
-            return (
+            return Refusal(
                 f"{where}.finishReason",
                 f"finishReason {finish_reason!r}, but the token ids {ends} an end-of-sequence id",
             )
@@ -72,9 +80,9 @@ class Detokenizer:
         try:
             decoded = self.decode(text_ids)
         except Exception as exc:  # ids inside the vocabulary decode; anything else is the worker's fault
-            return f"{where}.tokenIds", f"the token ids do not decode: {exc}"
+            return Refusal(f"{where}.tokenIds", f"the token ids do not decode: {exc}")
         if decoded != completion:
-            return (
+            return Refusal(
                 f"{where}.tokenIds",
                 f"the token ids decode to {_clip(decoded)!r}, not to the completion {_clip(completion)!r}: "
                 "the ids a rollout trains on must be the text that is scored",
@@ -82,13 +90,13 @@ class Detokenizer:
         return None
 
 
-def version_problem(where: str, claimed: int, known: Collection[int]) -> Problem | None:
+def version_refusal(where: str, claimed: int, known: Collection[int]) -> Refusal | None:
     """Why rollout ``where`` may not claim policy version ``claimed``, given the versions its worker was
     told to load or reported holding; None if it may."""
     if claimed in known:
         return None
     listed = ", ".join(str(v) for v in sorted(known)[-5:]) or "none"
-    return (
+    return Refusal(
         f"{where}.policyVersion",
         f"this worker was never told to load version {claimed} and never reported holding it (latest "
         f"known: {listed}); report the version the backend holds (loadedVersion in a heartbeat or lease "
@@ -96,17 +104,7 @@ def version_problem(where: str, claimed: int, known: Collection[int]) -> Problem
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class GroupProblem:
-    """Why a submitted group is refused: the field, what was wrong, and the counted trust reason (None for
-    a malformed group)."""
-
-    field: str
-    message: str
-    reason: str | None = None
-
-
-def group_problem(
+def group_refusal(
     req: wire.SubmitRequest,
     *,
     group_size: int,
@@ -115,44 +113,44 @@ def group_problem(
     published: int,
     known_versions: Collection[int],
     detokenizer: Detokenizer | None,
-) -> GroupProblem | None:
-    """The first problem of a submitted group, or None if it may be scored and buffered."""
+) -> Refusal | None:
+    """The first refusal of a submitted group, or None if it may be scored and buffered."""
     if len(req.rollouts) != group_size:
-        return GroupProblem("rollouts", f"a group has exactly {group_size} rollouts, got {len(req.rollouts)}")
+        return Refusal("rollouts", f"a group has exactly {group_size} rollouts, got {len(req.rollouts)}")
     for i, r in enumerate(req.rollouts):
         where = f"rollouts[{i}]"
         if len(r.token_ids) > max_new_tokens:
-            return GroupProblem(
+            return Refusal(
                 f"{where}.tokenIds", f"at most maxNewTokens ({max_new_tokens}) tokens, got {len(r.token_ids)}"
             )
         if len(r.logprobs) != len(r.token_ids):
-            return GroupProblem(
+            return Refusal(
                 f"{where}.logprobs",
                 f"one log-prob per token id: {len(r.token_ids)} token ids, {len(r.logprobs)} log-probs",
             )
         if max(r.token_ids) >= vocab_size:
             j = next(j for j, tok in enumerate(r.token_ids) if tok >= vocab_size)
-            return GroupProblem(
+            return Refusal(
                 f"{where}.tokenIds[{j}]",
                 f"token id {r.token_ids[j]} is outside the vocabulary (0..{vocab_size - 1})",
             )
         if r.policy_version > published:
-            return GroupProblem(
+            return Refusal(
                 f"{where}.policyVersion",
                 f"version {r.policy_version} was never published: the newest is {published}",
             )
         if not all(math.isfinite(x) and x <= 0.0 for x in r.logprobs):  # the wire model checks too
-            return GroupProblem(f"{where}.logprobs", "log-probs must be finite and ≤ 0")
-        problem = version_problem(where, r.policy_version, known_versions)
-        if problem is None and detokenizer is not None:
-            problem = detokenizer.problem(where, r.token_ids, r.completion, r.finish_reason)
-        if problem is not None:
-            return GroupProblem(problem[0], problem[1], reason_of(problem[0]))
+            return Refusal(f"{where}.logprobs", "log-probs must be finite and ≤ 0")
+        refusal = version_refusal(where, r.policy_version, known_versions)
+        if refusal is None and detokenizer is not None:
+            refusal = detokenizer.refusal(where, r.token_ids, r.completion, r.finish_reason)
+        if refusal is not None:
+            return refusal._replace(reason=reason_of(refusal.field))
     return None
 
 
 def reason_of(field: str) -> str:
-    """The counted reason of a problem's field."""
+    """The counted reason of a refusal's field."""
     return "unloadedVersion" if field.endswith(".policyVersion") else "tokenMismatch"
 
 

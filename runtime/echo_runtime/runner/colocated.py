@@ -261,7 +261,7 @@ def train(
     ``timing`` the cumulative sample/load seconds after each step, in the workers' timing format.
     """
     from echo_runtime import snapshots, tasks
-    from echo_runtime.coordinator.state import RateWindow
+    from echo_runtime.coordinator.counters import RateWindow
     from echo_runtime.models import load as model_load
     from echo_runtime.models.prompts import PromptStyle
     from echo_runtime.trainer import distributed, step

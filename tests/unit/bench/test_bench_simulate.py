@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from echo_runtime.bench.simulate import SimConfig, TrainerConfig, WorkerClass, simulate, windowed_rate
 from echo_runtime.bench.simulate import sweep as sim_sweep
-from echo_runtime.coordinator import state
+from echo_runtime.coordinator import counters
 
 NEVER_STALE = 10**6
 """A Δmax no run here reaches: no group is ever refused, so closed forms need no drop term."""
@@ -390,7 +390,7 @@ def test_windowed_rate_is_the_coordinators_rate_window() -> None:
     rng = random.Random(3)
     times = sorted(rng.uniform(0.0, 120.0) for _ in range(400))
     samples = [0.5 + 0.7 * i for i in range(170)]
-    window = state.RateWindow(30.0, now=0.0)
+    window = counters.RateWindow(30.0, now=0.0)
     expected, fed = [], 0
     for s in samples:
         while fed < len(times) and times[fed] <= s:

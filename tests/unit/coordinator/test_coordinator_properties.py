@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from echo_runtime import staleness
-from echo_runtime.coordinator import state, wire
+from echo_runtime.coordinator import errors, state, wire
 
 
 class CoordinatorMachine(RuleBasedStateMachine):
@@ -82,11 +82,11 @@ class CoordinatorMachine(RuleBasedStateMachine):
             ledger.buffered,
             ledger.consumed,
             ledger.dropped,
-            s.dropped_stale,
-            s.accepted_rollouts,
+            s.counters.dropped_stale,
+            s.counters.accepted_rollouts,
             s.t_train,
             s.published,
-            s.consumed_groups,
+            s.counters.consumed_groups,
         )
 
     def worker(self, index: int) -> str:
@@ -118,7 +118,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
             reply = self.s.heartbeat(
                 worker, wire.HeartbeatRequest(loaded_version=self.loaded[worker]), self.now
             )
-        except state.Rejected as exc:
+        except errors.Rejected as exc:
             assert exc.code in ("unknown_worker", "quarantined")
             self.forget(worker)
             return
@@ -132,7 +132,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
         worker = self.worker(index)
         try:
             reply = self.s.lease(worker, count, self.now)
-        except state.Rejected:
+        except errors.Rejected:
             self.forget(worker)
             return
         self.told(worker, reply, None)
@@ -158,7 +158,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
         before = self.snapshot()
         try:
             reply = self.s.submit(worker, task_id, req, self.now)
-        except state.Rejected as exc:
+        except errors.Rejected as exc:
             assert self.snapshot() == before, f"a rejected submission changed the state: {exc}"
             assert exc.status in (403, 404, 409, 422)
             return
@@ -192,7 +192,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
                 self.s.heartbeat(worker, wire.HeartbeatRequest(loaded_version=reply.load_version), self.now)
             lease = self.s.lease(worker, 2, self.now, self.loaded[worker])
             self.told(worker, lease, self.loaded[worker])
-        except state.Rejected:
+        except errors.Rejected:
             self.forget(worker)
             return
         version = self.loaded[worker] or 0
@@ -200,7 +200,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
             before = self.snapshot()
             try:
                 submitted = self.s.submit(worker, task.task_id, group(self.s, task, version), self.now)
-            except state.Rejected as exc:  # a worker that never loaded claims version 0 it was not given
+            except errors.Rejected as exc:  # a worker that never loaded claims version 0 it was not given
                 assert exc.field.endswith(".policyVersion") and version not in self.known[worker]
                 assert self.snapshot() == before
                 event("work: unknown version refused")
@@ -251,9 +251,9 @@ class CoordinatorMachine(RuleBasedStateMachine):
     @rule(ahead=st.integers(0, 1), repeat=st.booleans())
     def pull(self, ahead: int, repeat: bool) -> None:
         version = self.s.t_train + ahead
-        dropped = self.s.dropped_stale
+        dropped = self.s.counters.dropped_stale
         reply = self.s.pull_batch(version, self.now)
-        if self.s.dropped_stale > dropped:
+        if self.s.counters.dropped_stale > dropped:
             event("pull dropped stale groups")
         if not reply.ready:
             return
@@ -281,18 +281,18 @@ class CoordinatorMachine(RuleBasedStateMachine):
         s = self.s
         s.ledger.check()
         assert (
-            s.ledger.dropped + (s.ledger.consumed - s.consumed_groups)
-            == s.dropped_stale + s.dropped_quarantined
+            s.ledger.dropped + (s.ledger.consumed - s.counters.consumed_groups)
+            == s.counters.dropped_stale + s.counters.dropped_quarantined
         )
-        assert s.requeued_prompts == s.dropped_stale + s.dropped_quarantined
-        assert s.consumed_groups == len(self.delivered)
+        assert s.counters.requeued_prompts == s.counters.dropped_stale + s.counters.dropped_quarantined
+        assert s.counters.consumed_groups == len(self.delivered)
         bound = s.config.batch_size if s.sequential else s.config.buffer_capacity
         assert s.ledger.outstanding <= bound
-        if s.max_observed_staleness is not None:
-            assert s.max_observed_staleness <= s.config.policy.max_staleness
+        if s.counters.max_observed_staleness is not None:
+            assert s.counters.max_observed_staleness <= s.config.policy.max_staleness
         assert s.t_train >= self.last_t
         self.last_t = s.t_train
-        assert set(s.staleness_histogram) <= set(range(s.config.policy.bound + 1))
+        assert set(s.counters.staleness_histogram) <= set(range(s.config.policy.bound + 1))
 
 
 CoordinatorMachine.TestCase.settings = settings(
@@ -315,4 +315,4 @@ def test_a_steady_run_delivers_batches(mode: staleness.Mode) -> None:
                 for task in s.lease(w, 2, float(t)).tasks:
                     s.submit(w, task.task_id, group(s, task, t), float(t))
         delivered += len(reply.groups)
-    assert delivered == 20 and s.dropped_stale == 0
+    assert delivered == 20 and s.counters.dropped_stale == 0

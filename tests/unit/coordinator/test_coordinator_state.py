@@ -13,7 +13,7 @@ import pydantic
 import pytest
 from coordinator_helpers import config, group, make_state, register, rollout
 
-from echo_runtime.coordinator import service, state, wire
+from echo_runtime.coordinator import errors, quarantine, report, service, state, wire
 
 CONTRACTS = Path(__file__).resolve().parents[3] / "docs" / "contracts.md"
 
@@ -33,8 +33,8 @@ def snapshot(s: state.CoordinatorState) -> tuple[int, ...]:
         ledger.buffered,
         ledger.consumed,
         ledger.dropped,
-        s.dropped_stale,
-        s.accepted_rollouts,
+        s.counters.dropped_stale,
+        s.counters.accepted_rollouts,
         s.t_train,
     )
 
@@ -54,7 +54,7 @@ def test_async_backpressure_pauses_leasing_until_the_trainer_pulls() -> None:
     assert batch.ready and len(batch.groups) == 2
     assert [g.task_id for g in batch.groups] == [t.task_id for t in tasks[:2]]
     assert len(s.lease(w, 10, 2.0).tasks) == 2  # room for two again
-    assert s.status(2.0, 0.0).buffer.groups == 2
+    assert report.status_document(s, 2.0, 0.0).buffer.groups == 2
 
 
 def test_rewards_are_recomputed_by_the_verifier() -> None:
@@ -72,7 +72,7 @@ def test_announce_drops_groups_that_became_too_stale() -> None:
     s.submit(w, task.task_id, group(s, task, 0), 0.0)
     assert s.announce(1).dropped_stale == 0  # staleness 1 ≤ Δmax
     assert s.announce(2).dropped_stale == 1
-    assert s.dropped_stale == 1 and s.ledger.buffered == 0
+    assert s.counters.dropped_stale == 1 and s.ledger.buffered == 0
 
 
 def test_a_group_too_stale_on_arrival_is_dropped_counted_and_its_prompt_requeued() -> None:
@@ -84,8 +84,8 @@ def test_a_group_too_stale_on_arrival_is_dropped_counted_and_its_prompt_requeued
     s.announce(3)
     reply = s.submit(w, task.task_id, group(s, task, 1), 0.0)
     assert reply.outcome == "dropped" and reply.staleness == 2 and "exceeds maxStaleness 1" in reply.reason
-    assert s.dropped_stale == 1 and s.ledger.dropped == 1
-    assert s.requeued_prompts == 1 and s.ledger.pending == 1
+    assert s.counters.dropped_stale == 1 and s.ledger.dropped == 1
+    assert s.counters.requeued_prompts == 1 and s.ledger.pending == 1
     s.heartbeat(w, wire.HeartbeatRequest(loaded_version=3), 1.0)
     again = lease_one(s, w, 1.0)
     assert again.problem_id == task.problem_id and again.task_id != task.task_id
@@ -105,7 +105,7 @@ def test_pacing_leases_only_what_can_be_consumed_in_bound() -> None:
     reply = s.lease(w, 8, 0.0)
     # Behind the 2 buffered groups: steps 1 and 2 can consume version-1 groups (2 + 2 positions).
     assert [t.min_version for t in reply.tasks] == [1, 1] and reply.load_version == 1
-    assert s.dropped_stale == 0
+    assert s.counters.dropped_stale == 0
 
 
 def test_pacing_off_leases_what_the_buffer_holds_and_the_surplus_is_dropped() -> None:
@@ -117,7 +117,7 @@ def test_pacing_off_leases_what_the_buffer_holds_and_the_surplus_is_dropped() ->
     s.announce(1)
     assert s.pull_batch(1, 0.0).ready
     s.announce(2)  # the groups of version 0 still buffered are too stale for step 2
-    assert s.dropped_stale == 4 and s.requeued_prompts == 4
+    assert s.counters.dropped_stale == 4 and s.counters.requeued_prompts == 4
 
 
 def test_workers_are_told_to_load_when_they_would_break_the_bound() -> None:
@@ -131,11 +131,11 @@ def test_workers_are_told_to_load_when_they_would_break_the_bound() -> None:
     reply = s.heartbeat(w, wire.HeartbeatRequest(loaded_version=0), 1.0)
     assert (reply.load_version, reply.min_version, reply.policy_version) == (2, 1, 2)
     assert s.lease(w, 1, 1.0).load_version == 2
-    assert not s.status(5.0, 0.0).workers[0].stuck
+    assert not report.status_document(s, 5.0, 0.0).workers[0].stuck
     s.heartbeat(w, wire.HeartbeatRequest(loaded_version=0), 12.0)
-    assert s.status(12.0, 0.0).workers[0].stuck  # told at t=1, lease timeout 10 s
+    assert report.status_document(s, 12.0, 0.0).workers[0].stuck  # told at t=1, lease timeout 10 s
     s.heartbeat(w, wire.HeartbeatRequest(loaded_version=2), 13.0)
-    assert not s.status(13.0, 0.0).workers[0].stuck
+    assert not report.status_document(s, 13.0, 0.0).workers[0].stuck
 
 
 def test_importance_weighted_groups_are_flagged_and_counted() -> None:
@@ -147,8 +147,8 @@ def test_importance_weighted_groups_are_flagged_and_counted() -> None:
         s.submit(w, task.task_id, group(s, task, version), 0.0)
     batch = s.pull_batch(1, 0.0)
     assert [(g.staleness, g.importance_weighted) for g in batch.groups] == [(1, True), (0, False)]
-    assert s.weighted_stale == 1
-    status = s.status(0.0, 0.0)
+    assert s.counters.weighted_stale == 1
+    status = report.status_document(s, 0.0, 0.0)
     assert status.staleness_histogram == {"0": 1, "1": 1} and status.max_observed_staleness == 1
 
 
@@ -159,7 +159,7 @@ def test_the_trainer_asking_ahead_moves_t_train_but_not_the_loadable_version() -
     assert (s.t_train, s.published) == (3, 0)
     reply = s.heartbeat(w, wire.HeartbeatRequest(loaded_version=0), 0.0)
     assert reply.load_version is None and reply.min_version == 2  # nothing newer to load
-    assert not s.status(100.0, 0.0).workers[0].stuck
+    assert not report.status_document(s, 100.0, 0.0).workers[0].stuck
 
 
 # ------------------------------------------------------------------------------------------- sequential
@@ -220,7 +220,7 @@ def test_invalid_groups_are_rejected_naming_the_field(
     w = register(s)
     task = lease_one(s, w)
     before = snapshot(s)
-    with pytest.raises(state.Rejected) as caught:
+    with pytest.raises(errors.Rejected) as caught:
         s.submit(w, task.task_id, bad_group(s, task, **change), 0.0)
     assert (caught.value.status, caught.value.field) == (422, field)
     assert words in caught.value.message
@@ -233,15 +233,15 @@ def test_group_size_and_leases_are_enforced() -> None:
     w1, w2 = register(s), register(s)
     task = lease_one(s, w1)
     full = group(s, task, 0)
-    with pytest.raises(state.Rejected, match="exactly 2 rollouts") as caught:
+    with pytest.raises(errors.Rejected, match="exactly 2 rollouts") as caught:
         s.submit(w1, task.task_id, wire.SubmitRequest(rollouts=full.rollouts[:1]), 0.0)
     assert caught.value.field == "rollouts"
-    with pytest.raises(state.Rejected) as caught:
+    with pytest.raises(errors.Rejected) as caught:
         s.submit(w2, task.task_id, full, 0.0)
     assert (caught.value.status, caught.value.code) == (409, "lease_not_held")
-    with pytest.raises(state.Rejected):
+    with pytest.raises(errors.Rejected):
         s.submit(w1, "no-such-task", full, 0.0)
-    with pytest.raises(state.Rejected) as caught:
+    with pytest.raises(errors.Rejected) as caught:
         s.submit("w-unknown", task.task_id, full, 0.0)
     assert (caught.value.status, caught.value.code) == (404, "unknown_worker")
 
@@ -259,7 +259,7 @@ def test_wire_models_refuse_positive_or_non_finite_logprobs() -> None:
 def test_heartbeat_with_an_unpublished_version_is_rejected() -> None:
     s = make_state()
     w = register(s)
-    with pytest.raises(state.Rejected) as caught:
+    with pytest.raises(errors.Rejected) as caught:
         s.heartbeat(w, wire.HeartbeatRequest(loaded_version=3), 0.0)
     assert caught.value.field == "loadedVersion"
 
@@ -267,13 +267,13 @@ def test_heartbeat_with_an_unpublished_version_is_rejected() -> None:
 def test_a_worker_cannot_hold_more_than_its_pools_capacity() -> None:
     s = make_state(config(capacity=8, pool_capacity={"cpu": 2}))
     w = register(s, capacity=100)
-    assert s.workers[w].capacity == 2
+    assert s.roster.workers[w].capacity == 2
     assert len(s.lease(w, 10, 0.0).tasks) == 2
 
 
 def test_unknown_pool_is_rejected() -> None:
     s = make_state()
-    with pytest.raises(state.Rejected) as caught:
+    with pytest.raises(errors.Rejected) as caught:
         register(s, pool="gpu")
     assert caught.value.field == "pool" and "cpu" in caught.value.message
 
@@ -292,7 +292,7 @@ def test_repeated_submission_is_a_duplicate_and_a_late_one_is_rejected() -> None
     dead, released = s.expire(12.0)  # w1 silent since t=1, lease timeout 10 s
     assert dead == [w1] and released == 1
     assert lease_one(s, w2, now=12.0).task_id == late.task_id  # re-issued to another worker
-    with pytest.raises(state.Rejected) as caught:
+    with pytest.raises(errors.Rejected) as caught:
         s.submit(w1, late.task_id, group(s, late, 0), 13.0)
     assert caught.value.code == "unknown_worker"
     assert s.submit(w2, late.task_id, group(s, late, 0), 13.0).outcome == "buffered"
@@ -318,7 +318,7 @@ def test_leave_releases_leases_at_once() -> None:
     w = register(s)
     s.lease(w, 3, 0.0)
     assert s.leave(w).released_tasks == 3
-    assert s.ledger.pending == 3 and not s.workers
+    assert s.ledger.pending == 3 and not s.roster.workers
 
 
 # ------------------------------------------------------------------------------------------- trainer
@@ -330,12 +330,12 @@ def test_batches_are_retried_safely_and_versions_never_go_back() -> None:
     first = s.pull_batch(0, 0.0)
     assert first.ready
     assert s.pull_batch(0, 0.0) is first  # the reply was lost: same batch again
-    assert s.consumed_groups == 1
+    assert s.counters.consumed_groups == 1
     s.announce(2)
-    with pytest.raises(state.Rejected) as caught:
+    with pytest.raises(errors.Rejected) as caught:
         s.pull_batch(1, 0.0)
     assert (caught.value.status, caught.value.field) == (409, "version")
-    with pytest.raises(state.Rejected):
+    with pytest.raises(errors.Rejected):
         s.announce(1)
     assert s.announce(2).policy_version == 2  # repeating an announcement is harmless
 
@@ -348,12 +348,14 @@ def test_a_trainer_that_dies_after_prefetching_resumes_with_its_batch_and_no_pro
         s.submit(w, task.task_id, group(s, task, 0), 0.0)
     first = s.pull_batch(0, 0.0)  # the step 0 -> 1 ...
     ahead = s.pull_batch(1, 0.0)  # ... prefetches the batch of 1, then the trainer is killed
-    assert first.ready and ahead.ready and s.t_train == 1 and s.consumed_groups == 2
+    assert first.ready and ahead.ready and s.t_train == 1 and s.counters.consumed_groups == 2
     pending = s.ledger.pending
     # Its successor resumes from the newest published version, 0: the same batch as a retry gives.
     assert s.pull_batch(0, 1.0) is first
-    assert s.t_train == 0 and s.consumed_groups == 1
-    assert s.ledger.pending == pending + 1 and s.requeued_prompts == 1  # the prefetched prompt is back
+    assert s.t_train == 0 and s.counters.consumed_groups == 1
+    assert (
+        s.ledger.pending == pending + 1 and s.counters.requeued_prompts == 1
+    )  # the prefetched prompt is back
     assert s.pull_batch(0, 1.0) is first
     s.announce(1)
     assert not s.pull_batch(1, 2.0).ready  # that group must be generated again
@@ -361,7 +363,7 @@ def test_a_trainer_that_dies_after_prefetching_resumes_with_its_batch_and_no_pro
     s.submit(w, task.task_id, group(s, task, 1), 2.0)
     assert s.pull_batch(1, 2.0).ready
     s.announce(2)
-    with pytest.raises(state.Rejected):  # past a published version there is no going back
+    with pytest.raises(errors.Rejected):  # past a published version there is no going back
         s.pull_batch(0, 3.0)
     s.ledger.check()
 
@@ -394,7 +396,7 @@ def test_status_document_has_exactly_the_contract_keys() -> None:
     task = lease_one(s, w)
     s.submit(w, task.task_id, group(s, task, 0), 0.0)
     s.pull_batch(0, 0.0)
-    doc = json.loads(s.status(1.0, 1_800_000_000.0).model_dump_json(by_alias=True))
+    doc = json.loads(report.status_document(s, 1.0, 1_800_000_000.0).model_dump_json(by_alias=True))
     assert keys(doc) == keys(contract_example())
     assert doc["workers"][0]["lastHeartbeat"].endswith("Z") and doc["pools"]["cpu"] == {
         "workers": 1,
@@ -420,7 +422,7 @@ def test_restart_recovers_t_train_and_resumes_the_prompt_stream() -> None:
     t = service.recover_version(FakeStore(7))
     restarted = make_state(config(batch_size=2), t_train=t)
     assert (restarted.t_train, restarted.published) == (7, 7)
-    assert restarted.status(0.0, 0.0).policy_version == 7
+    assert report.status_document(restarted, 0.0, 0.0).policy_version == 7
     # The prompt stream resumes past the 7 batches of 2 groups already consumed.
     stream = list(itertools.islice(restarted.task.prompts("train", 0), 15))
     assert lease_one(restarted, register(restarted)).prompt == stream[14].prompt
@@ -438,15 +440,15 @@ def test_a_worker_holding_leases_past_the_task_timeout_again_and_again_is_quaran
     s = make_state(config(max_staleness=2, task_timeout=5.0, lease_timeout=10.0))
     hoarder, honest = register(s), register(s)
     now = 0.0
-    for round_ in range(state.HOARDING_EXPIRIES):
+    for round_ in range(quarantine.HOARDING_EXPIRIES):
         assert s.lease(hoarder, 4, now).tasks, f"round {round_}: the hoarder got nothing to hoard"
         now += 6.0
         s.heartbeat(hoarder, wire.HeartbeatRequest(loaded_version=0), now)  # alive, never submitting
         s.heartbeat(honest, wire.HeartbeatRequest(loaded_version=0), now)
         s.expire(now)
-    doc = s.status(now, 0.0)
+    doc = report.status_document(s, now, 0.0)
     assert [q.id for q in doc.quarantined] == [hoarder] and "lease hoarding" in doc.quarantined[0].reason
-    with pytest.raises(state.Rejected) as refused:
+    with pytest.raises(errors.Rejected) as refused:
         s.lease(hoarder, 1, now)
     assert (refused.value.status, refused.value.code) == (403, "quarantined")
     task = lease_one(s, honest, now)  # the hoarded prompts went back to the queue, for honest workers
@@ -457,14 +459,14 @@ def test_a_slow_worker_that_still_submits_is_not_taken_for_a_hoarder() -> None:
     s = make_state(config(max_staleness=8, capacity=40, task_timeout=5.0, lease_timeout=10.0))
     slow = register(s)
     now = 0.0
-    for _ in range(2 * state.HOARDING_EXPIRIES):
+    for _ in range(2 * quarantine.HOARDING_EXPIRIES):
         assert len(s.lease(slow, 2, now).tasks) == 2
         now += 6.0
         s.heartbeat(slow, wire.HeartbeatRequest(loaded_version=0), now)
         s.expire(now)  # one lease ran over ...
         again = lease_one(s, slow, now)  # ... it is leased again and submitted this time
         s.submit(slow, again.task_id, group(s, again, 0), now)
-    assert not s.status(now, 0.0).quarantined
+    assert not report.status_document(s, now, 0.0).quarantined
 
 
 def test_the_trainer_quarantines_a_worker_and_its_groups_leave_buffer_and_batch() -> None:
@@ -476,14 +478,14 @@ def test_the_trainer_quarantines_a_worker_and_its_groups_leave_buffer_and_batch(
     batch = s.pull_batch(0, 0.0)  # oldest first: the liar's first group and the honest one
     assert sorted(g.worker_id for g in batch.groups) == sorted([liar, honest])
     reply = s.quarantine(wire.QuarantineRequest(worker_id=liar, reason="fabricated log-probs", version=0))
-    assert (reply.dropped_groups, s.dropped_quarantined, s.requeued_prompts) == (2, 2, 2)
-    assert s.ledger.buffered == 0 and s.consumed_groups == 1
+    assert (reply.dropped_groups, s.counters.dropped_quarantined, s.counters.requeued_prompts) == (2, 2, 2)
+    assert s.ledger.buffered == 0 and s.counters.consumed_groups == 1
     again = s.pull_batch(0, 0.0)  # the batch was withdrawn: a retry assembles a new one
     assert again is not batch and not again.ready
-    doc = s.status(0.0, 0.0)
+    doc = report.status_document(s, 0.0, 0.0)
     assert doc.quarantined[0].id == liar and doc.pools["cpu"].quarantined == 1
     assert [w.quarantined for w in doc.workers if w.id == liar] == [True]
-    with pytest.raises(state.Rejected) as refused:
+    with pytest.raises(errors.Rejected) as refused:
         s.heartbeat(liar, wire.HeartbeatRequest(loaded_version=0), 0.0)
     assert refused.value.code == "quarantined"
 
@@ -491,7 +493,7 @@ def test_the_trainer_quarantines_a_worker_and_its_groups_leave_buffer_and_batch(
 def test_a_pool_token_registers_at_most_max_workers_quarantined_ones_included() -> None:
     s = make_state(config(pool_max_workers={"cpu": 2}, pool_max_leases={"cpu": 3}))
     a, b = register(s, capacity=4), register(s, capacity=4)
-    with pytest.raises(state.Rejected) as full:
+    with pytest.raises(errors.Rejected) as full:
         register(s)
     assert (full.value.status, full.value.code, full.value.field) == (429, "limit", "pool")
     assert "maxWorkers is 2" in full.value.message
@@ -499,7 +501,7 @@ def test_a_pool_token_registers_at_most_max_workers_quarantined_ones_included() 
     assert s.lease(b, 4, 0.0).tasks == []
     s.quarantine(wire.QuarantineRequest(worker_id=a, reason="caught", version=0))
     s.leave(a)
-    with pytest.raises(state.Rejected):
+    with pytest.raises(errors.Rejected):
         register(s)  # the quarantined worker still counts: it cannot come back under a new id
     s.leave(b)
     register(s)

@@ -37,18 +37,18 @@ def honest(tokenizer: object, text: str, stop: bool, eos: frozenset[int]) -> lis
 def test_honest_ids_pass_both_ways_a_completion_ends(tiny: tuple[str, trust.Detokenizer, object]) -> None:
     _, check, tokenizer = tiny
     ids = honest(tokenizer, "42", stop=True, eos=check.eos_ids)
-    assert check.problem("rollouts[0]", ids, "42", "stop") is None
-    assert check.problem("rollouts[0]", ids, "42", None) is None
-    assert check.problem("rollouts[1]", ids[:-1], "42", "length") is None
+    assert check.refusal("rollouts[0]", ids, "42", "stop") is None
+    assert check.refusal("rollouts[0]", ids, "42", None) is None
+    assert check.refusal("rollouts[1]", ids[:-1], "42", "length") is None
     # What sampling.finish makes of a stream is, by construction, what the check accepts.
     sample = sampling.finish(tokenizer, [1], [*ids, 5, 6], [-0.1] * (len(ids) + 2), check.eos_ids)
-    assert check.problem("r", sample.completion_ids, sample.text, sample.finish_reason) is None
+    assert check.refusal("r", sample.completion_ids, sample.text, sample.finish_reason) is None
 
 
 def test_the_right_text_with_other_ids_is_refused(tiny: tuple[str, trust.Detokenizer, object]) -> None:
     _, check, tokenizer = tiny
     other = honest(tokenizer, "17", stop=True, eos=check.eos_ids)
-    problem = check.problem("rollouts[3]", other, "42", "stop")
+    problem = check.refusal("rollouts[3]", other, "42", "stop")
     assert problem is not None and problem[0] == "rollouts[3].tokenIds"
     assert "decode to '17', not to the completion '42'" in problem[1]
     assert trust.reason_of(problem[0]) == "tokenMismatch"
@@ -60,15 +60,15 @@ def test_a_stream_that_does_not_end_as_a_backend_ends_one_is_refused(
     _, check, tokenizer = tiny
     eos = min(check.eos_ids)
     ids = honest(tokenizer, "42", stop=False, eos=check.eos_ids)
-    early = check.problem("rollouts[0]", [ids[0], eos, *ids[1:], eos], "42", "stop")
+    early = check.refusal("rollouts[0]", [ids[0], eos, *ids[1:], eos], "42", "stop")
     assert early is not None and early[0] == "rollouts[0].tokenIds[1]" and "before the last token" in early[1]
-    liar = check.problem("rollouts[0]", ids, "42", "stop")
+    liar = check.refusal("rollouts[0]", ids, "42", "stop")
     assert liar is not None and liar[0] == "rollouts[0].finishReason"
 
 
 def test_a_claimed_version_must_have_been_told_or_reported() -> None:
-    assert trust.version_problem("rollouts[0]", 3, {0, 3}) is None
-    problem = trust.version_problem("rollouts[2]", 7, {0, 3, 5})
+    assert trust.version_refusal("rollouts[0]", 3, {0, 3}) is None
+    problem = trust.version_refusal("rollouts[2]", 7, {0, 3, 5})
     assert problem is not None and problem[0] == "rollouts[2].policyVersion"
     assert "never told to load version 7" in problem[1] and "latest known: 0, 3, 5" in problem[1]
     assert trust.reason_of(problem[0]) == "unloadedVersion"
@@ -92,7 +92,7 @@ def test_a_group_is_checked_in_order_and_only_trust_problems_are_counted() -> No
         return wire.SubmitRequest(rollouts=[wire.RolloutIn(**good), wire.RolloutIn(**{**good, **change})])
 
     check = {"group_size": 2, "max_new_tokens": 4, "vocab_size": 10, "published": 2, "detokenizer": None}
-    assert trust.group_problem(group(), known_versions={1}, **check) is None  # type: ignore[arg-type]
+    assert trust.group_refusal(group(), known_versions={1}, **check) is None  # type: ignore[arg-type]
     cases = [
         ({"token_ids": [1, 2, 3, 4, 5], "logprobs": [-1.0] * 5}, "rollouts[1].tokenIds", None),
         ({"logprobs": [-0.5]}, "rollouts[1].logprobs", None),
@@ -101,5 +101,5 @@ def test_a_group_is_checked_in_order_and_only_trust_problems_are_counted() -> No
         ({"policy_version": 0}, "rollouts[1].policyVersion", "unloadedVersion"),  # published, not given
     ]
     for change, field, reason in cases:
-        problem = trust.group_problem(group(**change), known_versions={1}, **check)  # type: ignore[arg-type]
+        problem = trust.group_refusal(group(**change), known_versions={1}, **check)  # type: ignore[arg-type]
         assert problem is not None and (problem.field, problem.reason) == (field, reason), change

@@ -307,7 +307,7 @@ def windowed_rate(
 ) -> np.ndarray:
     """The coordinator's ``RateWindow`` rate of accepted rollouts at each of ``sample_times``.
 
-    Exactly :class:`echo_runtime.coordinator.state.RateWindow`: events in one-second buckets, the buckets
+    Exactly :class:`echo_runtime.coordinator.counters.RateWindow`: events in one-second buckets, the buckets
     of the last ``window`` whole seconds, divided by ``min(window, max(1, now − started))``.
     """
     times = np.sort(np.asarray(accept_times, dtype=float))

@@ -1,0 +1,158 @@
+"""What the trainer is handed: the groups in the ledger, how one goes on the wire, and the batch memory.
+
+A task's payload (:class:`TaskPayload`) and its completed group (:class:`Group` of
+:class:`ScoredRollout`) are what the coordinator's :class:`~.buffer.TaskLedger` carries;
+:func:`group_out` turns a buffered entry into the ``GroupOut`` of a batch reply, admitted at the step
+that consumes it.
+
+:class:`Handout` remembers the batches handed out, so that:
+
+* there is one batch per version: asking again at the version of the last batch returns that batch
+  (a retry after a lost reply), so a step consumes it exactly once;
+* a trainer resumed at the version before the last batch's, that last version never published (a
+  prefetching trainer died between asking at ``t + 1`` and publishing it), gets its own batch again
+  and the prefetched one is withdrawn (:meth:`Handout.rewind`);
+* a quarantined worker's groups are withdrawn from the batch the trainer is about to train on, and
+  only from that one: an older batch was trained on already (:meth:`Handout.withdraw_worker`).
+
+A :class:`Withdrawal` names groups no step will train on; the caller un-counts them and re-queues their
+prompts. Pure and in-memory; the staleness rule is :func:`echo_runtime.staleness.admit`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from echo_runtime import staleness
+from echo_runtime.coordinator import buffer, wire
+from echo_runtime.tasks import base as tasks_base
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskPayload:
+    """What a task carries: its problem (the verifier needs the answer)."""
+
+    problem: tasks_base.Problem
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoredRollout:
+    rollout: wire.RolloutIn
+    reward: tasks_base.Reward
+    backend: str
+    device: str
+    dtype: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    rollouts: tuple[ScoredRollout, ...]
+    worker_id: str
+
+
+Ledger = buffer.TaskLedger[TaskPayload, Group]
+Entry = buffer.Entry[TaskPayload, Group]
+
+
+def group_out(entry: Entry, t: int, policy: staleness.StalenessPolicy) -> wire.GroupOut:
+    """The buffered group of ``entry`` as consumed by the step ``t → t+1`` (it must be admissible)."""
+    assert entry.group is not None and entry.version is not None
+    verdict = staleness.admit(entry.version, t, policy)
+    assert verdict.consume, verdict.reason  # the caller dropped everything else
+    rollouts = [
+        wire.RolloutOut(
+            completion=s.rollout.completion,
+            token_ids=s.rollout.token_ids,
+            logprobs=s.rollout.logprobs,
+            policy_version=s.rollout.policy_version,
+            staleness=t - s.rollout.policy_version,
+            reward=s.reward.value,
+            reward_components=dict(s.reward.components),
+            reward_reason=s.reward.reason,
+            backend=s.backend,
+            device=s.device,
+            dtype=s.dtype,
+            finish_reason=s.rollout.finish_reason,
+        )
+        for s in entry.group.rollouts
+    ]
+    problem = entry.payload.problem
+    return wire.GroupOut(
+        task_id=entry.id,
+        problem_id=problem.id,
+        prompt=problem.prompt,
+        worker_id=entry.group.worker_id,
+        policy_version=entry.version,
+        staleness=verdict.staleness,
+        importance_weighted=verdict.importance_weighted,
+        rollouts=rollouts,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Withdrawal:
+    """Groups handed out in the batch of ``version`` that no step will train on."""
+
+    version: int
+    entries: list[Entry]
+
+
+class Handout:
+    """The last two batches handed to the trainer; see the module docstring."""
+
+    def __init__(self) -> None:
+        self.last_batch: wire.BatchReply | None = None
+        """The last batch handed out, returned again if the trainer retries the same version."""
+        self._taken: list[Entry] = []
+        # The batch before last_batch: a prefetching trainer that dies after asking at v + 1 but before
+        # publishing it is resumed at v, and gets v's batch again (rewind).
+        self._previous: tuple[wire.BatchReply, list[Entry]] | None = None
+
+    @property
+    def last_version(self) -> int | None:
+        return None if self.last_batch is None else self.last_batch.version
+
+    def next_step(self, t_train: int) -> int:
+        """The step whose batch is not taken yet: ``t_train``, or ``t_train + 1`` once its batch went out."""
+        return t_train + 1 if self.last_version == t_train else t_train
+
+    def again(self, version: int) -> wire.BatchReply | None:
+        """The batch already handed out at ``version``, if it is the last one (a retry)."""
+        return self.last_batch if self.last_version == version else None
+
+    def may_rewind(self, version: int, t_train: int, published: int) -> bool:
+        """Whether a request at ``version`` is a resumed trainer's whose prefetched successor was never
+        published: ``version`` is the batch before last, below ``t_train``, and not before ``published``."""
+        return (
+            self._previous is not None
+            and version == self._previous[0].version
+            and version < t_train
+            and published <= version
+        )
+
+    def rewind(self) -> tuple[wire.BatchReply, Withdrawal | None]:
+        """Hand the batch before last out again (the caller checked :meth:`may_rewind`); the last one,
+        prefetched and never trained on, is withdrawn. ``t_train`` goes back to the batch's version."""
+        assert self._previous is not None
+        batch, taken = self._previous
+        withdrawn = None if self.last_batch is None else Withdrawal(self.last_batch.version, self._taken)
+        self.last_batch, self._taken, self._previous = batch, taken, None
+        return batch, withdrawn
+
+    def hand(self, version: int, entries: list[Entry], groups: list[wire.GroupOut]) -> wire.BatchReply:
+        """Record the batch of ``version``: ``entries`` taken from the ledger, as ``groups`` on the wire."""
+        self._previous = None if self.last_batch is None else (self.last_batch, self._taken)
+        self._taken = entries
+        self.last_batch = wire.BatchReply(ready=True, version=version, groups=groups)
+        return self.last_batch
+
+    def withdraw_worker(self, worker_id: str, version: int, t_train: int) -> Withdrawal | None:
+        """Withdraw ``worker_id``'s groups from the last batch if it is the one the trainer is about to
+        train on (of ``version``, which is ``t_train``); a retry at that version then gets a new batch."""
+        if self.last_batch is None or not self.last_batch.version == version == t_train:
+            return None
+        handed = [e for e in self._taken if e.group is not None and e.group.worker_id == worker_id]
+        if not handed:
+            return None
+        self.last_batch, self._taken = None, []
+        return Withdrawal(version, handed)
