@@ -213,7 +213,9 @@ class CoordinatorMachine(RuleBasedStateMachine):
         self.now += seconds
         if keep_alive:
             for worker, version in self.loaded.items():
-                self.s.heartbeat(worker, wire.HeartbeatRequest(loaded_version=version), self.now)
+                # The reply may tell the worker to load a version: it may then claim it, as a real one does.
+                reply = self.s.heartbeat(worker, wire.HeartbeatRequest(loaded_version=version), self.now)
+                self.told(worker, reply, version)
         dead, released = self.s.expire(self.now)
         if released:
             event("leases re-issued" + (" (task deadline)" if keep_alive else ""))
