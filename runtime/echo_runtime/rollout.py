@@ -16,7 +16,8 @@ the one-turn episode: ``kinds`` empty means every completion id is the model's, 
 Promises:
 
 * Construction validates: token ids are non-negative ints, one finite behaviour log-prob per model id,
-  a finite reward, versions ≥ 0, a group of ≥ 2 rollouts (advantages are normalised within it). A
+  a finite reward, versions ≥ 0, a non-empty group; a batch's groups have ≥ 2 rollouts each
+  (advantages are normalised within a group). A
   malformed rollout fails where it is built, naming the field, instead of deep inside the loss.
 * Nothing here touches torch or pydantic: rollouts are cheap to build in tests, from the wire, and to
   broadcast between ranks.
@@ -157,10 +158,8 @@ class Group:
     """The id of the worker that generated it (the trainer's log-prob check convicts workers)."""
 
     def __post_init__(self) -> None:
-        if len(self.rollouts) < 2:
-            raise ValueError(
-                f"group {self.id!r}: needs ≥ 2 rollouts (GRPO normalises within a group), got {len(self.rollouts)}"
-            )
+        if not self.rollouts:
+            raise ValueError(f"group {self.id!r}: has no rollouts")
 
     @property
     def policy_version(self) -> int:
@@ -182,6 +181,12 @@ class Batch:
     def __post_init__(self) -> None:
         if isinstance(self.version, bool) or self.version < 0:
             raise ValueError(f"version: must be an integer ≥ 0, got {self.version!r}")
+        for i, group in enumerate(self.groups):
+            if len(group.rollouts) < 2:  # a job's groupSize is ≥ 2; the coordinator's state takes any
+                raise ValueError(
+                    f"groups[{i}]: group {group.id!r}: needs ≥ 2 rollouts (advantages are normalised within "
+                    f"a group), got {len(group.rollouts)}"
+                )
 
     @property
     def rollouts(self) -> list[Rollout]:

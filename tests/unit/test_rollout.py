@@ -68,15 +68,17 @@ def test_pack_masks_an_environments_tokens_and_keeps_single_turn_numbers() -> No
     assert torch.equal(packed.targets, torch.tensor([[3, 4, 5], [3, 9, 5]]))
 
 
-def test_a_group_needs_two_rollouts_and_is_as_stale_as_its_oldest() -> None:
+def test_a_group_is_as_stale_as_its_oldest_and_a_batch_needs_two_rollouts_a_group() -> None:
     a = rollout.Rollout((1,), (2,), (-1.0,), policy_version=3)
     b = dataclasses.replace(a, policy_version=5)
     group = rollout.Group((a, b), id="t1", worker="w")
     assert group.policy_version == 3
     assert group.staleness(6) == 3
-    with pytest.raises(ValueError, match="needs ≥ 2 rollouts"):
-        rollout.Group((a,), id="t1")
+    with pytest.raises(ValueError, match="has no rollouts"):
+        rollout.Group((), id="t0")
     assert rollout.Batch(7, (group,)).num_tokens == 2
+    with pytest.raises(ValueError, match=r"groups\[1\]: group 't1': needs ≥ 2 rollouts"):
+        rollout.Batch(7, (group, rollout.Group((a,), id="t1")))
 
 
 def test_every_field_survives_worker_coordinator_trainer() -> None:

@@ -150,4 +150,4 @@ def batch_in(
             built.append(rollouts.Group(rollouts=tuple(members), id=group.task_id, worker=group.worker_id))
         except ValueError as exc:
             raise ValueError(f"groups[{gi}]: {exc}") from exc
-    return rollouts.Batch(version=version, groups=tuple(built))
+    return rollouts.Batch(version=version, groups=tuple(built))  # names groups[i] itself

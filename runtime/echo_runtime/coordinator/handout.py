@@ -1,9 +1,9 @@
 """What the trainer is handed: the groups in the ledger, how one goes on the wire, and the batch memory.
 
-A task's payload (:class:`TaskPayload`) and its completed group (:class:`Group` of
-:class:`ScoredRollout`) are what the coordinator's :class:`~.buffer.TaskLedger` carries;
-:func:`group_out` turns a buffered entry into the ``GroupOut`` of a batch reply, admitted at the step
-that consumes it.
+A task's payload (:class:`TaskPayload`) and its completed group (an :class:`echo_runtime.rollout.Group`
+of the rollouts the coordinator accepted and scored, :func:`.convert.accepted`) are what the
+coordinator's :class:`~.buffer.TaskLedger` carries; :func:`group_out` turns a buffered entry into the
+``GroupOut`` of a batch reply, admitted at the step that consumes it.
 
 :class:`Handout` remembers the batches handed out, so that:
 
@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from echo_runtime import staleness
-from echo_runtime.coordinator import buffer, wire
+from echo_runtime import rollout, staleness
+from echo_runtime.coordinator import buffer, convert, wire
 from echo_runtime.tasks import base as tasks_base
 
 
@@ -35,23 +35,8 @@ class TaskPayload:
     problem: tasks_base.Problem
 
 
-@dataclasses.dataclass(frozen=True)
-class ScoredRollout:
-    rollout: wire.RolloutIn
-    reward: tasks_base.Reward
-    backend: str
-    device: str
-    dtype: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Group:
-    rollouts: tuple[ScoredRollout, ...]
-    worker_id: str
-
-
-Ledger = buffer.TaskLedger[TaskPayload, Group]
-Entry = buffer.Entry[TaskPayload, Group]
+Ledger = buffer.TaskLedger[TaskPayload, rollout.Group]
+Entry = buffer.Entry[TaskPayload, rollout.Group]
 
 
 def group_out(entry: Entry, t: int, policy: staleness.StalenessPolicy) -> wire.GroupOut:
@@ -59,33 +44,12 @@ def group_out(entry: Entry, t: int, policy: staleness.StalenessPolicy) -> wire.G
     assert entry.group is not None and entry.version is not None
     verdict = staleness.admit(entry.version, t, policy)
     assert verdict.consume, verdict.reason  # the caller dropped everything else
-    rollouts = [
-        wire.RolloutOut(
-            completion=s.rollout.completion,
-            token_ids=s.rollout.token_ids,
-            logprobs=s.rollout.logprobs,
-            policy_version=s.rollout.policy_version,
-            staleness=t - s.rollout.policy_version,
-            reward=s.reward.value,
-            reward_components=dict(s.reward.components),
-            reward_reason=s.reward.reason,
-            backend=s.backend,
-            device=s.device,
-            dtype=s.dtype,
-            finish_reason=s.rollout.finish_reason,
-        )
-        for s in entry.group.rollouts
-    ]
-    problem = entry.payload.problem
-    return wire.GroupOut(
-        task_id=entry.id,
-        problem_id=problem.id,
-        prompt=problem.prompt,
-        worker_id=entry.group.worker_id,
+    return convert.group_out(
+        entry.group,
+        entry.payload.problem,
+        t,
         policy_version=entry.version,
-        staleness=verdict.staleness,
         importance_weighted=verdict.importance_weighted,
-        rollouts=rollouts,
     )
 
 
@@ -151,7 +115,7 @@ class Handout:
         train on (of ``version``, which is ``t_train``); a retry at that version then gets a new batch."""
         if self.last_batch is None or not self.last_batch.version == version == t_train:
             return None
-        handed = [e for e in self._taken if e.group is not None and e.group.worker_id == worker_id]
+        handed = [e for e in self._taken if e.group is not None and e.group.worker == worker_id]
         if not handed:
             return None
         self.last_batch, self._taken = None, []

@@ -55,9 +55,10 @@ import itertools
 import secrets
 from collections.abc import Iterator, Sequence
 
-from echo_runtime import staleness
+from echo_runtime import rollout, staleness
 from echo_runtime.coordinator import (
     buffer,
+    convert,
     counters,
     errors,
     handout,
@@ -240,7 +241,7 @@ class CoordinatorState:
                     prompt=problem.prompt,
                     group_size=self.config.group_size,
                     min_version=floor,
-                    sampling=wire.SamplingParams(
+                    sampling=wire.TaskSampling(
                         temperature=self.config.temperature,
                         top_p=self.config.top_p,
                         max_new_tokens=self.config.max_new_tokens,
@@ -319,13 +320,7 @@ class CoordinatorState:
         entry = self._held(worker_id, task_id)
         self.pacing.delivered(worker, max(0.0, now - entry.leased_at))
         scored = tuple(
-            handout.ScoredRollout(
-                rollout=r,
-                reward=reward,
-                backend=r.backend or worker.backend,
-                device=r.device or worker.device,
-                dtype=r.dtype or worker.dtype,
-            )
+            convert.accepted(r, reward, backend=worker.backend, device=worker.device, dtype=worker.dtype)
             for r, reward in zip(req.rollouts, rewards, strict=True)
         )
         worker.last_seen = now
@@ -334,14 +329,14 @@ class CoordinatorState:
         self.counters.generated_groups += 1
         version = min(r.policy_version for r in req.rollouts)
         verdict = staleness.admit(version, self.t_train, self.config.policy)
-        values = [s.reward.value for s in scored]
+        values = [r.reward for r in scored]
         if not verdict.consume:
             self._requeue([self.ledger.discard(task_id, worker_id)])
             self.counters.dropped_stale += 1
             return wire.SubmitReply(
                 outcome="dropped", rewards=values, staleness=verdict.staleness, reason=verdict.reason
             )
-        self.ledger.complete(task_id, worker_id, handout.Group(scored, worker_id), version)
+        self.ledger.complete(task_id, worker_id, rollout.Group(scored, id=task_id, worker=worker_id), version)
         worker.overdue = 0
         worker.rate.add(now, len(scored))
         self.counters.accepted(len(scored), now)
@@ -424,7 +419,7 @@ class CoordinatorState:
         if worker is not None:
             worker.quarantine = record
         released = len(self.ledger.release_worker(worker_id))
-        doomed = self.ledger.drop_buffered(lambda e: e.group is not None and e.group.worker_id == worker_id)
+        doomed = self.ledger.drop_buffered(lambda e: e.group is not None and e.group.worker == worker_id)
         self._requeue(doomed)
         self.counters.dropped_quarantined += len(doomed)
         withdrawn = self.handout.withdraw_worker(worker_id, version, self.t_train)

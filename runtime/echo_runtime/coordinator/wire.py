@@ -143,7 +143,9 @@ def plain_prompt(prompt: PromptBody) -> str | tuple[dict[str, str], ...]:
     return tuple({"role": m.role, "content": m.content} for m in prompt)
 
 
-class SamplingParams(WireModel):
+class TaskSampling(WireModel):
+    """How to sample a task's group: the job's ``spec.algorithm.sampling`` (a worker's backend adds its seed)."""
+
     temperature: float
     top_p: float
     max_new_tokens: int
@@ -159,7 +161,7 @@ class TaskOut(WireModel):
     min_version: int
     """Generate with a loaded version ≥ this (pacing: the oldest whose group is still consumed in
     bound, given the groups ahead of it); load the newest published one first if yours is older."""
-    sampling: SamplingParams
+    sampling: TaskSampling
     lease_seconds: float
     """Submit within this long (and keep heartbeating), or the task goes to another worker."""
 

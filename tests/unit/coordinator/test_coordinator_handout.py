@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from echo_runtime import staleness
-from echo_runtime.coordinator import buffer, handout, wire
+from echo_runtime import rollout, staleness
+from echo_runtime.coordinator import buffer, convert, handout, wire
 from echo_runtime.tasks import base as tasks_base
 
 ASYNC_WEIGHTED = staleness.StalenessPolicy("Async", 2, "ImportanceWeight", 0)
@@ -17,15 +17,15 @@ def entry(
 ) -> handout.Entry:
     rewards = rewards or tuple(0.0 for _ in versions)
     rollouts = tuple(
-        handout.ScoredRollout(
-            rollout=wire.RolloutIn(
+        convert.accepted(
+            wire.RolloutIn(
                 completion=f"c{i}",
                 token_ids=[1, 2],
                 logprobs=[-0.5, -0.25],
                 policy_version=v,
                 finish_reason="stop",
             ),
-            reward=tasks_base.Reward(r, {"exact": r}, "why"),
+            tasks_base.Reward(r, {"exact": r}, "why"),
             backend="mlx",
             device="mps",
             dtype="float16",
@@ -38,7 +38,7 @@ def entry(
         payload,
         place="consumed",
         worker=worker,
-        group=handout.Group(rollouts, worker),
+        group=rollout.Group(rollouts, id=task_id, worker=worker),
         version=min(versions),
     )
 

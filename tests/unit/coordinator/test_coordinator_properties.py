@@ -227,7 +227,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
     def quarantine(self, index: int) -> None:
         """The trainer catches a worker: its buffered groups go (prompts re-queued), it is refused."""
         worker = self.worker(index)
-        theirs = sum(1 for e in self.s.ledger.buffered_entries() if e.group and e.group.worker_id == worker)
+        theirs = sum(1 for e in self.s.ledger.buffered_entries() if e.group and e.group.worker == worker)
         current = self.last_batch is not None and self.last_batch.version == self.s.t_train
         withdrawn = (
             [g for g in self.last_batch.groups if g.worker_id == worker]
