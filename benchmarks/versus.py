@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -73,6 +74,8 @@ def main() -> int:
     parser.add_argument("script", help="the benchmark script, relative to the repository root")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="its arguments (after --)")
     opts = parser.parse_args()
+    # Stopped with SIGTERM (a CI timeout, kill), still remove the temporary worktree: exit through `finally`.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args = [a for a in opts.args if a != "--"]
     if opts.rounds < 1:
         parser.error("--rounds must be ≥ 1")
