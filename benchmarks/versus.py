@@ -2,8 +2,8 @@
 
 A refactor must not slow Echo down, and two separate runs on a shared machine differ by more than a
 refactor would. This runs the *same* benchmark from a base commit (checked out as a git worktree in a
-temporary directory) and from this working tree, alternating base, head, base, head, ... for
-``--rounds`` rounds, each side importing its own ``echo_runtime`` (``PYTHONPATH``) and running its own
+temporary directory) and from this working tree, alternating base, head, head, base, ... (ABBA, so
+neither side always runs first) for ``--rounds`` rounds, each side importing its own ``echo_runtime`` (``PYTHONPATH``) and running its own
 copy of the script. It then reads the named metrics from each run's JSON and reports, per metric, each
 side's median and the ratio head ÷ base of the medians, with the spread of the per-round ratios.
 
@@ -95,7 +95,8 @@ def main() -> int:
         try:
             values: dict[str, dict[str, list[float]]] = {m: {"base": [], "head": []} for m in opts.metric}
             for i in range(opts.rounds):
-                for side, tree in (("base", base_tree), ("head", ROOT)):
+                order = (("base", base_tree), ("head", ROOT))
+                for side, tree in order if i % 2 == 0 else order[::-1]:  # ABBA: no side always goes first
                     data = run_side(tree, opts.script, args, Path(tmp) / f"{side}-{i}.json")
                     for metric in opts.metric:
                         values[metric][side].append(pick(data, metric))

@@ -42,10 +42,21 @@ ENVIRONMENT: Final = 2
 """Token kind of an id an environment added between model turns: no log-prob, loss mask 0."""
 
 
+_INT = frozenset({int})
+
+
 def _check_ids(name: str, ids: tuple[int, ...]) -> None:
-    bad = next((x for x in ids if isinstance(x, bool) or not isinstance(x, int) or x < 0), None)
-    if bad is not None:
-        raise ValueError(f"{name}: token ids must be non-negative integers, got {bad!r}")
+    # The coordinator builds a rollout for every one it accepts: the common case runs in C (``bool`` is
+    # its own type, so True is refused), and only a bad tuple is walked to name its first bad id.
+    if not ids or (_INT.issuperset(map(type, ids)) and min(ids) >= 0):
+        return
+    bad = next(x for x in ids if type(x) is not int or x < 0)
+    raise ValueError(f"{name}: token ids must be non-negative integers, got {bad!r}")
+
+
+def _all_finite(values: tuple[float, ...]) -> bool:
+    # A sum of finite values is finite unless it overflows; only then is each value looked at.
+    return math.isfinite(sum(values)) or all(math.isfinite(x) for x in values)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +104,7 @@ class Rollout:
             raise ValueError(
                 f"logprobs: need one per model token ({self.model_tokens}), got {len(self.logprobs)}"
             )
-        if not all(math.isfinite(x) for x in self.logprobs):
+        if not _all_finite(self.logprobs):
             raise ValueError("logprobs: must all be finite")
         if not math.isfinite(self.reward):
             raise ValueError(f"reward: must be finite, got {self.reward!r}")
