@@ -273,7 +273,10 @@ def gc(
     click.echo(
         f"  expired pins {verb}: {len(report.expired_pins)}; abandoned uploads {verb}: {len(report.orphans)}"
     )
-    click.echo(f"  space {'to free' if dry_run else 'freed'}: {_size(report.freed_bytes)}")
+    click.echo(
+        f"  space {'to free' if dry_run else 'freed'}: {_size(report.freed_bytes)}; "
+        f"{'would remain' if dry_run else 'remains'}: {_size(report.kept_bytes)}"
+    )
 
 
 def _number(st: store.SnapshotStore, value: str, checkpoint: bool) -> int:

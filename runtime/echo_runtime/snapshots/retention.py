@@ -6,6 +6,10 @@ Rules (``SyncPolicy.retention``):
   ``latest`` pointer names, is never removed);
 * a version with a live pin is kept: a pin says "reader R still uses version v" and lives ``ttl_s``
   seconds after it was last written, so a reader that dies stops pinning once its pin expires;
+* while a job runs, every version from ``keep_from`` on is kept too: the trainer collects with
+  ``keep_from`` the oldest version a worker may still generate with or be told to load (its version
+  minus the staleness bound), so a worker that cannot pin (a read-only credential) or has not pinned
+  yet never loses the version it was sent for;
 * every other version is removed; so are expired pins;
 * a ``data-*`` folder that no manifest names (a publish that was killed, or lost a race) is removed
   once it is older than a grace period, so a publish still uploading is never touched.
@@ -48,6 +52,8 @@ class Plan:
     expired_pins: tuple[Pin, ...]
     needed: tuple[int, ...] = ()
     """Versions kept only because a kept delta version is rebuilt from them (a subset of ``keep``)."""
+    in_use: tuple[int, ...] = ()
+    """Versions kept only because they are at or after ``keep_from`` (a subset of ``keep``)."""
 
 
 def plan(
@@ -56,19 +62,21 @@ def plan(
     pins: Iterable[Pin] = (),
     now: float = 0.0,
     needs: Mapping[int, int] | None = None,
+    keep_from: int | None = None,
 ) -> Plan:
     """Decide which ``versions`` to keep and delete, and which ``pins`` have expired at ``now``.
 
     ``needs``: version → the oldest version reading it needs (a delta version needs every version back
     to its anchor, :mod:`.deltas`); a version kept for the newest or a pin keeps those too, counted
-    in ``needed``."""
+    in ``needed``. ``keep_from``: every version at or after it is kept (counted in ``in_use``)."""
     if keep_last < 1:
         raise ValueError(f"keep_last: must be ≥ 1 (the newest version is always kept), got {keep_last}")
     ordered = sorted(set(versions))
     newest = set(ordered[-keep_last:])
     pins = tuple(pins)
     held = {p.version for p in pins if p.live(now)}
-    wanted = newest | held
+    in_use = {v for v in ordered if keep_from is not None and v >= keep_from}
+    wanted = newest | held | in_use
     chains = [(min(needs.get(v, v), v), v) for v in wanted] if needs else []
     needed = {u for u in ordered if u not in wanted and any(lo <= u < hi for lo, hi in chains)}
     keep = tuple(v for v in ordered if v in wanted or v in needed)
@@ -77,6 +85,7 @@ def plan(
         delete=tuple(v for v in ordered if v not in keep),
         needed=tuple(v for v in keep if v in needed),
         pinned=tuple(v for v in keep if v not in newest and v in held),
+        in_use=tuple(v for v in keep if v not in newest and v not in held and v in in_use),
         expired_pins=tuple(sorted((p for p in pins if not p.live(now)), key=lambda p: (p.version, p.reader))),
     )
 

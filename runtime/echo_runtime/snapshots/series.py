@@ -78,6 +78,8 @@ class SeriesGc:
     plan: retention.Plan
     orphans: tuple[retention.DataDir, ...]
     freed_bytes: int
+    kept_bytes: int = 0
+    """What the series holds after the collection (the objects it listed, less those it removed)."""
 
 
 class Series(Generic[M]):
@@ -296,7 +298,13 @@ class Series(Generic[M]):
     # Garbage
 
     def collect_garbage(
-        self, keep_last: int, pins: Sequence[retention.Pin], now: float, grace_s: float, dry_run: bool
+        self,
+        keep_last: int,
+        pins: Sequence[retention.Pin],
+        now: float,
+        grace_s: float,
+        dry_run: bool,
+        keep_from: int | None = None,
     ) -> SeriesGc:
         objects = list(self.store.list(self.keys.base + "/"))
         by_version: dict[int, list[blobs.BlobInfo]] = {}
@@ -307,10 +315,10 @@ class Series(Generic[M]):
         published = {
             v for v, infos in by_version.items() if any(i.key == self.keys.manifest(v) for i in infos)
         }
-        plan = retention.plan(published, keep_last, pins, now)
+        plan = retention.plan(published, keep_last, pins, now, keep_from=keep_from)
         if self.deltas and plan.delete:  # a kept delta version keeps its chain back to its anchor
             needs = {v: self.anchor_of(v) for v in plan.keep}
-            plan = retention.plan(published, keep_last, pins, now, needs=needs)
+            plan = retention.plan(published, keep_last, pins, now, needs=needs, keep_from=keep_from)
         folders: dict[tuple[int, str], float] = {}
         for version, infos in by_version.items():
             for info in infos:
@@ -341,7 +349,10 @@ class Series(Generic[M]):
             # Manifests first: a version disappears in one step, before any of its files do.
             self.store.delete([self.keys.manifest(v) for v in plan.delete])
             self.store.delete([i.key for i in doomed])
-        return SeriesGc(plan=plan, orphans=orphans, freed_bytes=sum(i.size for i in doomed))
+        freed = sum(i.size for i in doomed)
+        return SeriesGc(
+            plan=plan, orphans=orphans, freed_bytes=freed, kept_bytes=sum(i.size for i in objects) - freed
+        )
 
 
 _ABSENT: tuple[bytes, str] = (b"", "<absent>")

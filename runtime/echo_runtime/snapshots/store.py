@@ -48,12 +48,17 @@ class GcReport:
     """Versions kept only because a live pin holds them."""
     needed: tuple[int, ...]
     """Versions kept only because a kept delta version is rebuilt from them."""
+    in_use: tuple[int, ...]
+    """Versions kept only because a running job's workers may still use them (``keep_from``)."""
     checkpoints_kept: tuple[int, ...]
     checkpoints_deleted: tuple[int, ...]
     expired_pins: tuple[retention.Pin, ...]
     orphans: tuple[str, ...]
     """Data folders of publishes that never completed (``snapshots/12/data-…``)."""
     freed_bytes: int
+    kept_bytes: int
+    """What the job's snapshots and checkpoints take in the store after the collection (after a dry
+    run: what they would take)."""
     dry_run: bool
 
 
@@ -257,14 +262,21 @@ class SnapshotStore:
         orphan_grace_s: float = DEFAULT_ORPHAN_GRACE_S,
         dry_run: bool = False,
         now: float | None = None,
+        keep_from: int | None = None,
     ) -> GcReport:
-        """Remove versions beyond the newest ``keep_last`` that no live pin holds, expired pins,
-        checkpoints beyond ``checkpoint_keep_last``, and data of publishes that never completed
+        """Remove versions beyond the newest ``keep_last`` that no live pin holds (nor, with
+        ``keep_from``, at or after it: the versions a running job's workers may still use), expired
+        pins, checkpoints beyond ``checkpoint_keep_last``, and data of publishes that never completed
         (older than ``orphan_grace_s``). Defaults come from :attr:`retention`."""
         now = self.blobs.now() if now is None else now
         pins = self.pins()
         snaps = self._snapshots.collect_garbage(
-            self.retention.keep_last if keep_last is None else keep_last, pins, now, orphan_grace_s, dry_run
+            self.retention.keep_last if keep_last is None else keep_last,
+            pins,
+            now,
+            orphan_grace_s,
+            dry_run,
+            keep_from=keep_from,
         )
         ckpts = self._checkpoints.collect_garbage(
             self.retention.checkpoint_keep_last if checkpoint_keep_last is None else checkpoint_keep_last,
@@ -281,12 +293,14 @@ class SnapshotStore:
             deleted=snaps.plan.delete,
             pinned=snaps.plan.pinned,
             needed=snaps.plan.needed,
+            in_use=snaps.plan.in_use,
             checkpoints_kept=ckpts.plan.keep,
             checkpoints_deleted=ckpts.plan.delete,
             expired_pins=expired,
             orphans=tuple(self._snapshots.keys.data_dir(o.version, o.data) for o in snaps.orphans)
             + tuple(self._checkpoints.keys.data_dir(o.version, o.data) for o in ckpts.orphans),
             freed_bytes=snaps.freed_bytes + ckpts.freed_bytes,
+            kept_bytes=snaps.kept_bytes + ckpts.kept_bytes,
             dry_run=dry_run,
         )
 

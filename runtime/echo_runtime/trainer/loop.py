@@ -58,10 +58,10 @@ from echo_runtime import staleness
 from echo_runtime.coordinator import convert, wire
 from echo_runtime.models.prompts import Prompt, PromptStyle
 from echo_runtime.rollout import Batch
-from echo_runtime.snapshots import deltas, manifest
+from echo_runtime.snapshots import deltas, errors, manifest
 from echo_runtime.spec.load import ResolvedJob
 from echo_runtime.trainer import checkpoint as ckpt
-from echo_runtime.trainer import distributed, overlap, step, verify
+from echo_runtime.trainer import collect, distributed, overlap, step, verify
 from echo_runtime.trainer.batch import shard
 from echo_runtime.trainer.policy import TrainablePolicy, load_policy
 
@@ -109,6 +109,8 @@ class Store(Protocol):
 
     def latest_version(self) -> int | None: ...
 
+    def gc(self, *, keep_from: int | None = None) -> Any: ...
+
     def latest_checkpoint(self) -> int | None: ...
 
     def fetch(self, version: int, cache_dir: Any) -> Path: ...
@@ -141,6 +143,9 @@ class LoopOptions:
     """Fetch the next batch and upload the last snapshot while a step runs (:mod:`.overlap`); False
     does them in line (to measure what overlapping saves). The batch timeout then starts with the
     prefetch, that is with the step before."""
+    collect: bool = True
+    """Apply ``syncPolicy.retention`` to the store after each published version (:mod:`.collect`);
+    False leaves every version in place (tests that read old versions back; a user sets ``keepLast``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,6 +199,9 @@ def run(
             if main
             else None
         )
+        collector = (
+            collect.Collector(store, policy_rule) if main and store is not None and options.collect else None
+        )
         finals: dict[int, tuple[dict[str, Any], step.StepMetrics]] = {}
         uploads: dict[int, float] = {}
 
@@ -202,6 +210,8 @@ def run(
             still in flight lacks its record if the trainer is killed (its successor recovers it)."""
             if finished is not None:
                 uploads[finished.version] = finished.upload_seconds
+                if collector is not None:
+                    collector.published(finished.version)
                 write_records()
 
         def write_records() -> None:
@@ -211,6 +221,8 @@ def run(
                     break
                 record, stepped = finals.pop(v)
                 record = {**record, "publishUploadSeconds": uploads.pop(v)}
+                if collector is not None:
+                    record.update(collector.tally.record())
                 _log.info("step %s", json.dumps(record, sort_keys=True))
                 if metrics_file is not None:
                     metrics_file.write(json.dumps(record, sort_keys=True) + "\n")
@@ -272,6 +284,8 @@ def run(
                         uploads[version] = publish_version(
                             trainer, store, coordinator, version, scratch, record=record
                         )
+                        if collector is not None:
+                            collector.published(version)
                     timings["publishSeconds"] = time.perf_counter() - blocked
                 if version % interval == 0 or version == max_steps:
                     blocked = time.perf_counter()
@@ -279,6 +293,8 @@ def run(
                         published(publisher.wait())  # a checkpoint follows its version's snapshot
                     checkpoint_version(trainer, store, world, version, scratch)
                     timings["checkpointSeconds"] = time.perf_counter() - blocked
+                    if collector is not None:  # older checkpoints go too (checkpointKeepLast)
+                        collector.published(version)
                 own_seconds = time.perf_counter() - began
                 done.append(metrics)
                 if main:
@@ -291,6 +307,8 @@ def run(
             prefetch.close()
             if publisher is not None:
                 publisher.close()
+            if collector is not None:
+                collector.close()
             if metrics_file is not None:
                 metrics_file.close()
     return RunResult(start_version=start, version=version, steps=tuple(done))
@@ -595,7 +613,7 @@ def recover_record(store: Store, metrics_path: Path, version: int, cache_dir: Pa
         try:
             found = store.fetch(v, cache_dir / "snapshots") / RECORD_FILE
             recovered.append(json.loads(found.read_text(encoding="utf-8")))
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, errors.SnapshotError) as exc:  # collected by retention, too
             _log.warning("version %d has no trainer record and none in its snapshot (%s)", v, exc)
     if not recovered:
         return False

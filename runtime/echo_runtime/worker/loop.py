@@ -34,6 +34,7 @@ from echo_runtime.backends import base as backend_base
 from echo_runtime.coordinator import client as coord
 from echo_runtime.coordinator import convert, wire
 from echo_runtime.snapshots import SnapshotStore
+from echo_runtime.snapshots import errors as snapshot_errors
 
 log = logging.getLogger("echorl.worker")
 
@@ -113,7 +114,12 @@ class Worker:
         # courtesy to retention (a read-only credential may refuse it), never a reason to stop.
         with contextlib.suppress(Exception):
             self.store.pin(latest, self._reader_id(), PIN_TTL_S)
-        path = self.store.fetch(latest, self.cache_dir, keep_cached=3)
+        try:
+            path = self.store.fetch(latest, self.cache_dir, keep_cached=3)
+        except snapshot_errors.VersionNotFoundError as exc:
+            # Retention collected it (a worker told long ago, or one that could not pin): a newer version
+            # is announced by now; the caller retries with the coordinator's next instructions.
+            raise VersionCollected(latest) from exc
         kind = json.loads((path / "manifest.json").read_text())["kind"]  # the verified copy: no request
         previous = self.loaded_version
         self.backend.apply_snapshot(latest, path, kind)
@@ -276,3 +282,14 @@ class VersionNotYetVisible(RuntimeError):
 
     def __init__(self, wanted: int, latest: int | None) -> None:
         super().__init__(f"policy version {wanted} is not in the snapshot store yet (latest: {latest})")
+
+
+class VersionCollected(VersionNotYetVisible):
+    """The version the worker set out to load was collected by retention before it fetched it."""
+
+    def __init__(self, version: int) -> None:
+        RuntimeError.__init__(
+            self,
+            f"policy version {version} was collected by the store's retention before this worker fetched it "
+            "(a newer one is announced by now)",
+        )

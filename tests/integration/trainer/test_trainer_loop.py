@@ -104,9 +104,9 @@ def test_full_fine_tuning_with_delta_snapshots_publishes_the_same_weights(
     """The same run twice, full fine-tuning: every version in full, or anchors every 3 versions and deltas
     between. Every version a reader fetches is bit-identical between the two, and the deltas are small."""
     plain = make_job(tmp_path / "a", tiny_model_dir, interval=10, max_steps=5, full=True)
-    _run(plain, ScriptedCoordinator())
+    _run(plain, ScriptedCoordinator(), collect=False)  # every version stays, to be read back
     delta = make_job(tmp_path / "b", tiny_model_dir, interval=10, max_steps=5, full=True, anchor_interval=3)
-    _run(delta, ScriptedCoordinator())
+    _run(delta, ScriptedCoordinator(), collect=False)
     a, b = _store(plain), _store(delta)
     assert [v for v in b.versions() if b.manifest(v).delta is None] == [1, 3]
     assert all(a.manifest(v).delta is None for v in a.versions())
@@ -197,3 +197,20 @@ def test_groups_the_staleness_rule_refuses_are_never_trained_on(
     weighted = make_job(tmp_path / "w", tiny_model_dir, max_steps=2, staleAction="ImportanceWeight")
     steps = _run(weighted, ScriptedCoordinator(stale_by=1)).steps
     assert [m.weighted_groups for m in steps] == [0, 1]
+
+
+def test_the_trainer_applies_retention_while_it_runs(tiny_model_dir: str, tmp_path: Path) -> None:
+    """keepLast 1, Δmax 1: after each version the store keeps the newest and the one before it (a worker
+    may still generate with it), and the newest checkpoint; the records say how many versions remain."""
+    job = make_job(
+        tmp_path, tiny_model_dir, interval=2, max_steps=7, retention={"keepLast": 1, "checkpointKeepLast": 1}
+    )
+    metrics = tmp_path / "metrics.jsonl"
+    _run(job, ScriptedCoordinator(), metrics_path=metrics)
+    store = _store(job)
+    assert store.versions() == [6, 7] and store.checkpoints() == [7]
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["policyVersion"] for r in records] == list(range(1, 8))
+    assert all(r["retentionFailures"] == 0 for r in records)
+    assert max(r.get("snapshotsKept", 0) for r in records) <= 2  # never more than keepLast + the bound
+    assert records[-1]["snapshotsCollected"] >= 3

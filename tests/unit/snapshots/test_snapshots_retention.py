@@ -144,3 +144,44 @@ def test_a_kept_delta_version_keeps_its_chain_back_to_its_anchor() -> None:
     assert plan.keep == (4, 5, 6, 8, 9, 10)  # 9, 10 need 8; pinned 6 needs 4 and 5
     assert plan.needed == (4, 5, 8) and plan.pinned == (6,) and plan.delete == (1, 2, 3, 7)
     assert retention.plan(versions, keep_last=2).keep == (9, 10)  # without deltas: as before
+
+
+@pytest.mark.parametrize(
+    ("versions", "keep_last", "pins", "keep_from", "keep", "delete", "in_use", "pinned"),
+    [
+        ([1, 2, 3, 4, 5, 6], 1, [], 4, (4, 5, 6), (1, 2, 3), (4, 5), ()),
+        ([1, 2, 3, 4, 5, 6], 3, [], 5, (4, 5, 6), (1, 2, 3), (), ()),  # keepLast covers the window
+        ([1, 2, 3, 4, 5, 6], 1, [pin(1)], 5, (1, 5, 6), (2, 3, 4), (5,), (1,)),
+        ([1, 2, 3, 4, 5, 6], 1, [pin(5)], 5, (5, 6), (1, 2, 3, 4), (), (5,)),  # pinned, not in_use
+        ([1, 2, 3], 1, [], 0, (1, 2, 3), (), (1, 2), ()),  # the bound reaches back to the base
+        ([1, 2, 3], 1, [], 7, (3,), (1, 2), (), ()),  # a window past the newest keeps the newest
+        ([1, 2, 3], 1, [], None, (3,), (1, 2), (), ()),  # no window: keepLast and pins alone
+    ],
+)
+def test_a_running_job_keeps_every_version_from_keep_from_on(
+    versions: list[int],
+    keep_last: int,
+    pins: list[Pin],
+    keep_from: int | None,
+    keep: tuple[int, ...],
+    delete: tuple[int, ...],
+    in_use: tuple[int, ...],
+    pinned: tuple[int, ...],
+) -> None:
+    p = retention.plan(versions, keep_last, pins, now=10.0, keep_from=keep_from)
+    assert (p.keep, p.delete, p.in_use, p.pinned) == (keep, delete, in_use, pinned)
+
+
+@given(
+    st.sets(st.integers(0, 40), max_size=25),
+    st.integers(1, 6),
+    st.one_of(st.none(), st.integers(0, 45)),
+)
+def test_keep_from_only_ever_keeps_more(versions: set[int], keep_last: int, keep_from: int | None) -> None:
+    bare = retention.plan(versions, keep_last)
+    bounded = retention.plan(versions, keep_last, keep_from=keep_from)
+    assert set(bare.keep) <= set(bounded.keep)
+    assert set(bounded.keep) | set(bounded.delete) == versions
+    assert all(v >= keep_from for v in bounded.in_use) if keep_from is not None else not bounded.in_use
+    if keep_from is not None:
+        assert {v for v in versions if v >= keep_from} <= set(bounded.keep)
