@@ -39,6 +39,7 @@ from typing import IO, Any
 import yaml
 
 from echo_runtime.bench import sync
+from echo_runtime.spec import load as spec_load
 
 QUICK_CONFIGS = ("Colocated", "Sequential", "Async:2")
 FULL_CONFIGS = ("Colocated", "Sequential", "Async:0", "Async:1", "Async:2", "Async:4", "Async:8")
@@ -114,9 +115,8 @@ def manifest_for(
     if config.mode != "Async":
         sync_policy.pop("bufferSize", None)
     spec["syncPolicy"] = sync_policy
-    spec.setdefault("algorithm", {})["seed"] = seed
     spec["storage"] = {"type": "Local", "path": str(store)}
-    return doc
+    return spec_load.seeded(doc, seed)  # as `echorl run --seed` does
 
 
 def load_job_document(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:

@@ -26,6 +26,12 @@ from echo_runtime import spec
     "--max-steps", type=click.IntRange(min=1), default=None, help="Override spec.algorithm.maxSteps."
 )
 @click.option(
+    "--seed",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Override spec.algorithm.seed (prompt order, sampling, LoRA initialisation).",
+)
+@click.option(
     "--target-accuracy",
     type=click.FloatRange(0, 1),
     default=None,
@@ -47,6 +53,7 @@ def run(
     resume: bool,
     fresh: bool,
     max_steps: int | None,
+    seed: int | None,
     target_accuracy: float | None,
     cores: int | None,
     pin_cores: bool,
@@ -66,6 +73,7 @@ def run(
         resume=resume,
         fresh=fresh,
         max_steps=max_steps,
+        seed=seed,
         target_accuracy=target_accuracy,
         progress=not no_progress,
         cores=cores,

@@ -37,10 +37,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from echo_runtime import spec
 from echo_runtime.runner import console, cpus, metrics, plots, restarts
 from echo_runtime.runner.procs import Child, NotHealthy, Processes, wait_healthy
 from echo_runtime.spec import commands
+from echo_runtime.spec import load as spec_load
 
 
 def _standalone_torchrun(swarm: spec.TrainingSwarmSpec) -> tuple[str, ...]:
@@ -70,6 +73,8 @@ class RunOptions:
     resume: bool = False
     fresh: bool = False
     max_steps: int | None = None
+    seed: int | None = None
+    """Overrides ``spec.algorithm.seed`` in the manifest every process reads (``--seed``)."""
     target_accuracy: float | None = None
     progress: bool = True
     cores: int | None = None
@@ -91,6 +96,26 @@ def thread_env(threads: int) -> dict[str, str]:
     return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "ECHORL_THREADS": str(threads)}
 
 
+def run_manifest(source: Path, seed: int | None) -> str:
+    """The manifest a run's processes read: the user's file as it is, or with ``--seed`` applied to its
+    EchoJob (:func:`echo_runtime.spec.load.seeded`, as ``echorl bench sync`` applies its seeds)."""
+    text = source.read_text(encoding="utf-8")
+    if seed is None:
+        return text
+    docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    jobs = [i for i, d in enumerate(docs) if isinstance(d, dict) and d.get("kind") == "EchoJob"]
+    if len(jobs) != 1:
+        raise RunError(f"--seed: {source} must hold exactly one EchoJob, found {len(jobs)}")
+    docs[jobs[0]] = spec_load.seeded(docs[jobs[0]], seed)
+    return yaml.safe_dump_all(docs, sort_keys=False)
+
+
+def _load_text(text: str, source: Path) -> spec.ResolvedJob:
+    manifests = spec_load.load_documents(text, str(source))
+    (job,) = [m for m in manifests if isinstance(m, spec.EchoJob)]
+    return spec.resolve(job, manifests)
+
+
 class LocalRun:
     """The processes and files of one local run."""
 
@@ -98,7 +123,9 @@ class LocalRun:
         self.source = job_path
         self.options = options
         self.echo = echo
-        self.job = spec.load_job(job_path)
+        self.manifest = run_manifest(job_path, options.seed)
+        """The text of the manifest every process reads (``run-dir/job.yaml``): the user's, seeded."""
+        self.job = spec.load_job(job_path) if options.seed is None else _load_text(self.manifest, job_path)
         self.dir = options.run_dir or Path("runs") / self.job.name
         self.procs = Processes(self.dir / "logs")
         self.max_steps = options.max_steps or self.job.spec.algorithm.max_steps
@@ -145,7 +172,7 @@ class LocalRun:
                 path = self.dir / name
                 if path.exists():
                     self._offsets[path] = _complete_length(path)
-        shutil.copyfile(self.source, self.dir / "job.yaml")
+        (self.dir / "job.yaml").write_text(self.manifest, encoding="utf-8")
         from echo_runtime.coordinator import auth
 
         tokens = auth.generate(name for name, _ in job.inference_pools)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -333,6 +334,22 @@ def resolve(job: EchoJob, others: Iterable[Manifest] = ()) -> ResolvedJob:
         training_swarm=training,
         inference_pools=tuple(pools),
     )
+
+
+def seeded(document: dict[str, Any], seed: int) -> dict[str, Any]:
+    """A copy of an EchoJob document (plain YAML data) with ``spec.algorithm.seed`` set to ``seed``: the
+    one way ``echorl run --seed`` and ``echorl bench sync`` override a manifest's seed."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed: must be an integer ≥ 0, got {seed!r}")
+    out: dict[str, Any] = json.loads(json.dumps(document))  # a deep copy of plain YAML data
+    spec = out.setdefault("spec", {})
+    if not isinstance(spec, dict):
+        raise ValueError("spec: must be a mapping")
+    algorithm = spec.setdefault("algorithm", {})
+    if not isinstance(algorithm, dict):
+        raise ValueError("spec.algorithm: must be a mapping")
+    algorithm["seed"] = seed
+    return out
 
 
 def load_job(path: str | Path, name: str | None = None) -> ResolvedJob:
