@@ -49,7 +49,7 @@ import torch
 
 from echo_runtime import rollout, spec, staleness
 from echo_runtime.backends import base as backend_base
-from echo_runtime.runner import console, cpus, local, metrics
+from echo_runtime.runner import console, cpus, local, memory, metrics
 from echo_runtime.spec import commands
 from echo_runtime.tasks import base as tasks_base
 
@@ -206,6 +206,7 @@ class ColocatedRun(local.LocalRun):
         accuracy: list[float | None] = [None]
 
         def drain_evals() -> None:
+            self.memory.sample(memory.group_ids(self.procs.children))
             for record in self._tail(self.dir / "eval.jsonl"):
                 log.write(record)
                 accuracy[0] = record["heldoutAccuracy"]

@@ -40,7 +40,7 @@ from typing import Any
 import yaml
 
 from echo_runtime import spec
-from echo_runtime.runner import console, cpus, metrics, plots, restarts
+from echo_runtime.runner import console, cpus, memory, metrics, plots, restarts
 from echo_runtime.runner.procs import Child, NotHealthy, Processes, wait_healthy
 from echo_runtime.spec import commands
 from echo_runtime.spec import load as spec_load
@@ -133,6 +133,8 @@ class LocalRun:
         self.elapsed_before = 0.0
         self._offsets: dict[Path, int] = {}
         self.restarts = restarts.Restarts()
+        self.memory = memory.MemoryWatch()
+        """Peak resident memory of every process of the run (``summary.json`` → ``memory``)."""
 
     # ------------------------------------------------------------------------------ preparation
     def prepare(self) -> None:
@@ -357,6 +359,7 @@ class LocalRun:
                     doc = status_client.status().model_dump(by_alias=True, mode="json")
                     log.write({"kind": "status", "time": now, **doc})
                     bar.update_to(doc["policyVersion"], doc, accuracy, self.restarts.counts())
+                self.memory.sample(memory.group_ids(self.procs.children))
                 for record in self._tail(self.dir / "eval.jsonl"):
                     log.write(record)
                     accuracy = record["heldoutAccuracy"]
@@ -414,6 +417,7 @@ class LocalRun:
         if evaluator is not None and evaluator.returncode is None:
             with contextlib.suppress(Exception):
                 evaluator.proc.wait(timeout=evaluator_timeout_s)
+        self.memory.sample(memory.group_ids(self.procs.children))
         workers = [n for n in self.procs.children if n not in ("coordinator", "trainer", "evaluator")]
         self.procs.stop_all(grace_s=15.0, order=workers)
         return self.write_summary()
@@ -430,6 +434,7 @@ class LocalRun:
         summary["maxStalenessSetting"] = self.job.sync_policy.max_staleness
         summary["workerTiming"] = _worker_timing(self.dir / "workers")
         summary["restarts"] = self.restarts.counts()
+        summary["memory"] = self.memory.report()
         (self.dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
         with contextlib.suppress(Exception):  # plots are a convenience; never lose the summary to them
             plots.plot_run(records, self.dir, self.job.name)
