@@ -79,11 +79,19 @@ def model_vocab_size(job: ResolvedJob) -> int:
 
 def load_detokenizer(job: ResolvedJob, model: str | None = None) -> trust.Detokenizer:
     """The job's tokenizer (or ``model``'s) as the token-id check needs it: decoding exactly as every
-    backend does (:func:`echo_runtime.backends.sampling.finish`), and the model's end-of-sequence ids."""
+    backend does (:func:`echo_runtime.backends.sampling.finish`), and the model's end-of-sequence ids.
+    From ``tokenizer.json`` alone where that decodes exactly (:mod:`echo_runtime.models.detokenizer`:
+    the coordinator then never imports torch), else through transformers."""
     try:
         models_load = importlib.import_module("echo_runtime.models.load")
-        sampling = importlib.import_module("echo_runtime.backends.sampling")
         path = model if model is not None else models_load.resolve_spec(job.spec.model, job.spec.task)
+        # tokenizer.json alone where it decodes exactly as transformers does: no torch in this process.
+        light = importlib.import_module("echo_runtime.models.detokenizer").load(
+            models_load.resolve_model(path)
+        )
+        if light is not None:
+            return trust.Detokenizer(decode=light.decode, eos_ids=light.eos_ids)
+        sampling = importlib.import_module("echo_runtime.backends.sampling")
         tokenizer = models_load.load_tokenizer(path)
         eos = sampling.eos_token_ids(models_load.resolve_model(path), tokenizer)
     except Exception as exc:
