@@ -1,24 +1,47 @@
 #!/usr/bin/env bash
-# Sourced by the other scripts: creates (once) and activates Echo's Python environment.
+# Sourced by the other scripts, or by hand (`source scripts/env.sh` puts `echorl` on PATH): creates
+# (once) and activates Echo's Python environment.
 # The virtual environment lives outside the repo, keyed by a hash of pyproject.toml, so a warm
 # machine reuses it and a change of pins builds a fresh one. The project itself is installed
-# editable from *this* checkout on every call (a few seconds), so any clone can use the cache.
-set -euo pipefail
-ECHORL_REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-ECHORL_CACHE="${ECHORL_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/echorl}"
-ECHORL_EXTRAS="${ECHORL_EXTRAS:-dev,mlx,bench}"
-py="$(command -v python3.11 || command -v python3)"
-hash="$( (cat "$ECHORL_REPO/pyproject.toml"; echo "$ECHORL_EXTRAS"; "$py" --version) | sha256sum | cut -c1-12)"
-ECHORL_VENV="$ECHORL_CACHE/venv/$hash"
-if [ ! -f "$ECHORL_VENV/.complete" ]; then
-  echo "[env] creating Python environment $ECHORL_VENV (first time: a few minutes, torch is large)" >&2
-  rm -rf "$ECHORL_VENV"
-  "$py" -m venv "$ECHORL_VENV"
-  "$ECHORL_VENV/bin/pip" install -q --upgrade pip
-  "$ECHORL_VENV/bin/pip" install --progress-bar off -e "$ECHORL_REPO[$ECHORL_EXTRAS]"
-  touch "$ECHORL_VENV/.complete"
-fi
-"$ECHORL_VENV/bin/pip" install -q --no-deps --no-build-isolation -e "$ECHORL_REPO" >/dev/null
-export PATH="$ECHORL_VENV/bin:$PATH"
-export VIRTUAL_ENV="$ECHORL_VENV"
-export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"
+# editable from *this* checkout whenever the environment's install points elsewhere (a few seconds),
+# so any clone can use the cache.
+# It leaves the caller's shell options as they were (an interactive shell that sources it does not
+# start exiting on its next failing command) and, when a step fails, returns non-zero instead of
+# exiting the caller's shell; a caller running with `set -e` stops there, as before.
+_echorl_options="$(set +o)"
+set -uo pipefail
+
+_echorl_env() {
+  local repo cache extras py hash venv installed
+  repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)" || return 1
+  cache="${ECHORL_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/echorl}"
+  extras="${ECHORL_EXTRAS:-dev,mlx,bench}"
+  py="$(command -v python3.11 || command -v python3)" || { echo "[env] no python3 on PATH" >&2; return 1; }
+  hash="$( (cat "$repo/pyproject.toml"; echo "$extras"; "$py" --version) | sha256sum | cut -c1-12)" || return 1
+  venv="$cache/venv/$hash"
+  if [ ! -f "$venv/.complete" ]; then
+    echo "[env] creating Python environment $venv (first time: a few minutes, torch is large)" >&2
+    rm -rf "$venv"
+    "$py" -m venv "$venv" || return 1
+    "$venv/bin/pip" install -q --upgrade pip || return 1
+    "$venv/bin/pip" install --progress-bar off -e "$repo[$extras]" || return 1
+    touch "$venv/.complete"
+  fi
+  # -I: what the environment itself imports, whatever the caller's PYTHONPATH says.
+  installed="$("$venv/bin/python" -I -c 'import echo_runtime; print(echo_runtime.__file__)' 2>/dev/null)"
+  if [ "$installed" != "$repo/runtime/echo_runtime/__init__.py" ]; then
+    "$venv/bin/pip" install -q --no-deps --no-build-isolation -e "$repo" >/dev/null || return 1
+  fi
+  export PATH="$venv/bin:$PATH"
+  export VIRTUAL_ENV="$venv"
+  export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"
+}
+
+_echorl_env
+_echorl_status=$?
+unset -f _echorl_env
+# The caller's options back, our two variables gone, and the status returned (`exit` only when the
+# file is run instead of sourced).
+eval "$_echorl_options
+unset -v _echorl_options _echorl_status
+return $_echorl_status 2>/dev/null || exit $_echorl_status"
