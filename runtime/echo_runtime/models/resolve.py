@@ -287,10 +287,24 @@ def _resolve_hub(repo_id: str) -> str:
 def vocab_size(path: str) -> int:
     """The vocabulary size of the model ``path`` names (any name :func:`resolve_model` takes, or an already
     resolved directory), read with ``AutoConfig`` (the text config of a multimodal model): the number of
-    rows of the embedding, so every valid token id is below it."""
+    rows of the embedding, so every valid token id is below it. ``config.json`` is read directly where it
+    states the size (top level, or a ``text_config``): ``AutoConfig`` imports torch, which the
+    coordinator, the one caller that needs nothing else of the model, does not otherwise load."""
+    folder = Path(resolve_model(path))
+    with contextlib.suppress(OSError, ValueError):
+        raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        for section in (raw, raw.get("text_config") if isinstance(raw, dict) else None):
+            if (
+                isinstance(section, dict)
+                and isinstance(section.get("vocab_size"), int)
+                and section["vocab_size"] >= 1
+            ):
+                if section is raw and isinstance(raw.get("text_config"), dict):
+                    continue  # a multimodal config: the text model's size is the one that counts
+                return int(section["vocab_size"])
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(resolve_model(path))
+    config = AutoConfig.from_pretrained(folder)
     text: Any = config.get_text_config()
     size = getattr(text, "vocab_size", None)
     if not isinstance(size, int) or size < 1:

@@ -40,12 +40,14 @@ def test_decoding_and_eos_ids_equal_the_transformers_tokenizers(model_dir: str) 
 
 
 def test_the_coordinators_tokenizer_needs_no_torch(model_dir: str) -> None:
-    """Measured in a fresh process: loading the coordinator's detokenizer imports no torch."""
+    """Measured in a fresh process: the coordinator's detokenizer and vocabulary size import no torch."""
     probe = (
         "import sys\n"
         "from echo_runtime.models import detokenizer\n"
         f"d = detokenizer.load({model_dir!r})\n"
         "assert d is not None and d.decode([1, 2])\n"
+        "from echo_runtime.models import resolve\n"
+        f"assert resolve.vocab_size({model_dir!r}) > 2\n"
         "print('torch' in sys.modules, 'transformers' in sys.modules)\n"
     )
     out = subprocess.run(
@@ -64,3 +66,14 @@ def test_a_tokenizer_that_cleans_up_spaces_goes_to_transformers(tmp_path: Path, 
     (copy / "tokenizer.json").unlink()
     (copy / "tokenizer_config.json").write_text("{}")
     assert detokenizer.load(copy) is None
+
+
+def test_the_vocabulary_size_read_from_config_json_is_autoconfigs(model_dir: str, tmp_path: Path) -> None:
+    from transformers import AutoConfig
+
+    assert resolve.vocab_size(model_dir) == AutoConfig.from_pretrained(model_dir).get_text_config().vocab_size
+    # A multimodal layout: the text model's size counts, not a top-level one.
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "x", "vocab_size": 7, "text_config": {"vocab_size": 4096}}', encoding="utf-8"
+    )
+    assert resolve.vocab_size(str(tmp_path)) == 4096
