@@ -31,6 +31,7 @@ import os
 import shlex
 import shutil
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -184,14 +185,25 @@ class LocalRun:
         self.tokens = tokens
 
     def resolve_model(self) -> str:
-        """Build (and warm up) a built-in model before any process needs it, with visible progress."""
-        from echo_runtime.models import load as model_load
-
+        """Build (and warm up) a built-in model before any process needs it, with visible progress, in a
+        child process (:mod:`.prepare_model`: the runner itself never imports torch)."""
         model = self.job.spec.model
         self.echo(
             f"model: {model.path}" + (f" (warm-up {model.warmup_steps} steps)" if model.warmup_steps else "")
         )
-        return model_load.resolve_spec(model, self.job.spec.task)
+        done = subprocess.run(
+            [sys.executable, "-m", "echo_runtime.runner.prepare_model"],
+            input=self.manifest,
+            stdout=subprocess.PIPE,
+            text=True,
+            check=False,
+        )
+        lines = done.stdout.strip().splitlines()
+        if done.returncode != 0 or not lines:
+            raise RunError(
+                f"preparing model {model.path!r} failed (exit code {done.returncode}); its messages are above"
+            )
+        return lines[-1]
 
     # ------------------------------------------------------------------------------ processes
     def start(self) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from echo_runtime.runner import colocated, local
+from echo_runtime.runner import local
 
 
 class Terminated(KeyboardInterrupt):
@@ -54,6 +54,8 @@ def run(job_path: Path, options: local.RunOptions, echo: Callable[[str], None] =
 def _run(job_path: Path, options: local.RunOptions, echo: Callable[[str], None]) -> dict[str, Any]:
     run = local.LocalRun(job_path, options, echo)
     if run.job.sync_policy.mode == "Colocated":  # one process samples and trains: see colocated.py
+        from echo_runtime.runner import colocated  # torch, which only this mode needs in the runner
+
         run = colocated.ColocatedRun(job_path, options, echo)
     run.prepare()
     run.resolve_model()

@@ -38,7 +38,7 @@ spec:
   task: {{name: arithmetic, heldoutSize: 16, evalEvery: 16}}
   algorithm: {{maxSteps: {STEPS}, batchSize: 2, groupSize: 4, sampling: {{maxNewTokens: 6}}}}
   storage: {{path: STORE}}
-  syncPolicy: {{mode: Async, maxStaleness: {DMAX}}}
+  syncPolicy: {{mode: Async, maxStaleness: {DMAX}, retention: {{keepLast: 1000}}}}
   trainingSwarm: {{checkpointInterval: 4}}
   inferenceSwarms: [{{name: cpu, replicas: 2}}]
 """

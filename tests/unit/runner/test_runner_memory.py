@@ -68,3 +68,18 @@ def test_without_proc_it_says_it_did_not_measure(tmp_path: Path) -> None:
     watch = memory.MemoryWatch(proc=tmp_path)
     assert watch.sample({"job": 1}) == {}
     assert watch.report() == {"measured": False, "reason": "no /proc here (Linux only)"}
+
+
+def test_the_runner_itself_never_imports_torch() -> None:
+    """`echorl run` only starts and watches processes (the model is prepared in a child of its own):
+    importing what it runs loads no torch, which would stay resident for the whole run."""
+    probe = (
+        "import sys\n"
+        "from echo_runtime.cli import run\n"
+        "from echo_runtime.runner import local, memory, metrics, plots, prepare_model, session\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "[]", out
