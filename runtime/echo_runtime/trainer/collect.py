@@ -43,7 +43,6 @@ class Tally:
     """Versions in the store after the last collection that succeeded (None before the first)."""
     collected: int = 0
     """Versions removed so far by this trainer."""
-    freed_bytes: int = 0
     kept_bytes: int | None = None
     """Bytes of snapshots and checkpoints in the store after the last collection that succeeded."""
     failures: int = 0
@@ -115,7 +114,6 @@ class Collector:
             self._tally = Tally(
                 kept=len(report.kept),
                 collected=self._tally.collected + len(report.deleted),
-                freed_bytes=self._tally.freed_bytes + report.freed_bytes,
                 kept_bytes=report.kept_bytes,
                 failures=self._tally.failures,
             )
