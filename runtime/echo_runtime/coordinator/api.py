@@ -128,7 +128,8 @@ class Service:
         self.recheck_interval = recheck_interval
         """Long-polls re-read the state at least this often, even if no wake-up came (a safety net)."""
         self.rejections = metrics.Rejections()
-        self.registry = metrics.registry_for(coordinator, self.rejections)
+        self.latency = metrics.Latency()
+        self.registry = metrics.registry_for(coordinator, self.rejections, self.latency)
         self.submit_limit = submit_body_limit(coordinator.config)
         self._batch_ready: asyncio.Event | None = None
         self._work_ready: asyncio.Event | None = None
@@ -621,12 +622,19 @@ class FastPath:
         self.api = create_fastapi(svc)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            call = self._match(scope["path"])
+        if scope["type"] != "http":
+            await self.api(scope, receive, send)
+            return
+        started = time.perf_counter()
+        try:
+            call = self._match(scope["path"]) if scope["method"] == "POST" else None
             if call is not None:
                 await self._serve(call, scope, receive, send)
-                return
-        await self.api(scope, receive, send)
+            else:
+                await self.api(scope, receive, send)
+        finally:
+            elapsed = time.perf_counter() - started
+            self.service.latency.observe(metrics.route_of(scope["method"], scope["path"]), elapsed)
 
     def _match(self, path: str) -> Callable[[Incoming], Awaitable[pydantic.BaseModel]] | None:
         parts = path.split("/")  # "", "v1", "workers", id, ...

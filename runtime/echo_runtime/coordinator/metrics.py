@@ -1,8 +1,8 @@
 """Prometheus metrics of one coordinator (``GET /metrics``), read from the state at scrape time.
 
-Nothing is updated on the request path except the rejection counter: a custom collector reads the
-state machine's counters when Prometheus scrapes, so heartbeats and submissions pay nothing for
-metrics. Every metric is prefixed ``echorl_coordinator_`` and labelled with the ``job``.
+Nothing is updated on the request path except the rejection counter and the request-duration
+histogram (a bisect into fixed buckets): a custom collector reads the state machine's counters when
+Prometheus scrapes, so heartbeats and submissions pay next to nothing for metrics. Every metric is prefixed ``echorl_coordinator_`` and labelled with the ``job``.
 
 The staleness histogram is exported as a Prometheus histogram over the integer staleness of consumed
 groups; ``..._max_observed_staleness`` never exceeds ``..._max_staleness`` (the product's promise).
@@ -10,6 +10,7 @@ groups; ``..._max_observed_staleness`` never exceeds ``..._max_staleness`` (the 
 
 from __future__ import annotations
 
+import bisect
 import collections
 import re
 from collections.abc import Iterator
@@ -35,12 +36,71 @@ class Rejections:
         self.counts[(status, code, _INDEX.sub("[]", field)[:80])] += 1
 
 
-class StateCollector(Collector):
-    """Exports a :class:`~.state.CoordinatorState` and a :class:`Rejections` in Prometheus format."""
+LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+"""Upper bounds of the request-duration buckets (seconds). The lease and batch requests are long-polls:
+their duration includes the wait, up to the ``waitSeconds`` the caller asked for."""
 
-    def __init__(self, state: state_mod.CoordinatorState, rejections: Rejections) -> None:
+ROUTES = (
+    "register",
+    "heartbeat",
+    "lease",
+    "submit",
+    "leave",
+    "version",
+    "batches",
+    "quarantine",
+    "status",
+    "metrics",
+    "other",
+)
+
+
+def route_of(method: str, path: str) -> str:
+    """The endpoint a request went to, as one of :data:`ROUTES` (no ids: a label of bounded cardinality)."""
+    parts = path.split("/")  # "", "v1", "workers", id, ...
+    if path in ("/metrics", "/v1/status"):
+        return "metrics" if path == "/metrics" else "status"
+    if len(parts) >= 3 and parts[1] == "v1" and parts[2] == "trainer" and len(parts) == 4:
+        name = {"version": "version", "batches": "batches", "quarantine": "quarantine"}.get(parts[3])
+        return name or "other"
+    if len(parts) >= 3 and parts[1] == "v1" and parts[2] == "workers":
+        if len(parts) == 3:
+            return "register" if method == "POST" else "other"
+        if len(parts) == 4:
+            return "leave" if method == "DELETE" else "other"
+        if len(parts) == 5 and parts[4] in ("heartbeat", "leases"):
+            return "heartbeat" if parts[4] == "heartbeat" else "lease"
+        if len(parts) == 7 and parts[4] == "tasks" and parts[6] == "rollouts":
+            return "submit"
+    return "other"
+
+
+class Latency:
+    """Request durations by route, in fixed buckets: a bisect and two additions per request."""
+
+    def __init__(self, buckets: tuple[float, ...] = LATENCY_BUCKETS_S) -> None:
+        self.buckets = buckets
+        self.counts: dict[str, list[int]] = {}
+        self.sums: dict[str, float] = collections.defaultdict(float)
+
+    def observe(self, route: str, seconds: float) -> None:
+        counts = self.counts.get(route)
+        if counts is None:
+            counts = self.counts[route] = [0] * (len(self.buckets) + 1)
+        counts[bisect.bisect_left(self.buckets, seconds)] += 1
+        self.sums[route] += seconds
+
+
+class StateCollector(Collector):
+    """Exports a :class:`~.state.CoordinatorState`, a :class:`Rejections` and a :class:`Latency` in
+    Prometheus format."""
+
+    def __init__(
+        self, state: state_mod.CoordinatorState, rejections: Rejections, latency: Latency | None = None
+    ) -> None:
         self.state = state
         self.rejections = rejections
+        self.latency = latency
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily]:
         s, job = self.state, self.state.config.job
@@ -160,10 +220,28 @@ class StateCollector(Collector):
             rejected.add_metric([job, str(status), code, field], n)
         yield rejected
 
+        if self.latency is not None:
+            latency = HistogramMetricFamily(
+                _PREFIX + "request_seconds",
+                "Time from a request's arrival to its reply, per endpoint (lease and batches are long-polls).",
+                labels=["job", "route"],
+            )
+            for route in sorted(self.latency.counts):
+                running, buckets = 0, []
+                for bound, n in zip(self.latency.buckets, self.latency.counts[route], strict=False):
+                    running += n
+                    buckets.append((repr(float(bound)), running))
+                running += self.latency.counts[route][-1]
+                buckets.append(("+Inf", running))
+                latency.add_metric([job, route], buckets, self.latency.sums[route])
+            yield latency
 
-def registry_for(state: state_mod.CoordinatorState, rejections: Rejections) -> CollectorRegistry:
+
+def registry_for(
+    state: state_mod.CoordinatorState, rejections: Rejections, latency: Latency | None = None
+) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(StateCollector(state, rejections))
+    registry.register(StateCollector(state, rejections, latency))
     return registry
 
 

@@ -280,3 +280,21 @@ def test_metrics_auth_wants_the_status_or_the_trainer_token(
         assert c.get("/metrics", headers=bearer(CPU_TOKEN)).status_code == 401  # a join token is not enough
         assert "echorl_coordinator_policy_version" in c.get("/metrics", headers=bearer(STATUS_TOKEN)).text
         assert c.get("/metrics", headers=bearer(TRAINER_TOKEN)).status_code == 200
+
+
+def test_request_durations_are_exported_per_route(make_service: Callable[..., api.Service]) -> None:
+    with TestClient(api.create_app(make_service())) as c:
+        wid, headers = join(c)
+        for _ in range(3):
+            c.post(f"/v1/workers/{wid}/heartbeat", json={"loadedVersion": 0}, headers=headers)
+        c.post(f"/v1/workers/{wid}/leases", json={"maxTasks": 1}, headers=headers)
+        c.post(f"/v1/workers/{wid}/heartbeat", json={"loadedVersion": "x"}, headers=headers)  # rejected: counted
+        text = c.get("/metrics").text
+    counts = {
+        line.split('route="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("echorl_coordinator_request_seconds_count")
+    }
+    assert counts == {"register": 1.0, "heartbeat": 4.0, "lease": 1.0}  # /metrics answers before it counts itself
+    inf = [ln for ln in text.splitlines() if 'le="+Inf",route="heartbeat"' in ln]
+    assert inf and inf[0].endswith(" 4.0")
