@@ -86,7 +86,7 @@ class CoordinatorConfig:
                 "syncPolicy.mode: Colocated runs sampling and training in one process, without a coordinator; "
                 "use Sequential or Async"
             )
-        capacity = sync.buffer_size if sync.buffer_size is not None else 2 * algo.batch_size
+        capacity = buffer_capacity(job)
         return cls(
             job=job.name,
             policy=staleness.StalenessPolicy.from_spec(sync),
@@ -111,3 +111,9 @@ class CoordinatorConfig:
             task_timeout=task_timeout,
             pacing=pacing,
         )
+
+
+def buffer_capacity(job: ResolvedJob) -> int:
+    """Groups the replay buffer holds: ``syncPolicy.bufferSize``, else twice the batch."""
+    size = job.sync_policy.buffer_size
+    return size if size is not None else 2 * job.spec.algorithm.batch_size
