@@ -342,7 +342,7 @@ DEFAULT_ALLOWANCES: dict[str, Allowance] = {
     "storeMiB": Allowance(1.0, 0.25),
     "pins": Allowance(2.0),
     "tasksLeased": Allowance(4.0),
-    "p99Ms": Allowance(25.0, 1.0),
+    "p99Ms": Allowance(10.0, 0.5),
 }
 
 

@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,18 +27,6 @@ spec:
   trainingSwarm: {{checkpointInterval: 2}}
 """
 
-
-@pytest.fixture(scope="module")
-def built_model_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A cache dir holding ``echorl:tiny``, exported as ECHORL_CACHE_DIR for the child processes."""
-    from echo_runtime.models import resolve
-
-    cache = tmp_path_factory.mktemp("echorl-cache")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("ECHORL_CACHE_DIR", str(cache))
-    resolve.resolve_model("echorl:tiny")
-    yield cache
-    mp.undo()
 
 
 def _echorl(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:

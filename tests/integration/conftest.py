@@ -1,4 +1,5 @@
-"""Local-run tests share one built tiny model through a session-wide cache directory."""
+"""Integration tests that run ``echorl`` processes share one built tiny model through a session-wide
+cache directory."""
 
 from __future__ import annotations
 
