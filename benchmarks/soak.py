@@ -28,7 +28,9 @@ DOCS = ROOT / "docs" / "benchmarks"
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--job", type=Path, default=ROOT / "examples" / "quickstart.yaml")
     parser.add_argument("--steps", type=int, default=5000, help="policy versions to run (--max-steps)")
     parser.add_argument("--every", type=int, default=50, help="sample every this many versions")
@@ -54,7 +56,10 @@ def main() -> int:
 
     code, samples = soak.watch(opts.job, opts.run_dir, every=opts.every, max_steps=opts.steps, on_sample=show)
     if code != 0:
-        print(f"echorl run exited with {code}: see {opts.run_dir}.soak.log and {opts.run_dir}/logs", file=sys.stderr)
+        print(
+            f"echorl run exited with {code}: see {opts.run_dir}.soak.log and {opts.run_dir}/logs",
+            file=sys.stderr,
+        )
         return 1
     checks = soak.judge(samples, warmup=int(opts.warmup * opts.steps), ceilings=soak.ceilings(job, readers))
     for check in checks:
@@ -71,8 +76,12 @@ def main() -> int:
         date=time.strftime("%Y-%m-%d"),
     )
     soak.write(opts.out_dir / f"soak-{opts.name}.json", data)
-    soak.plot(samples, opts.out_dir / f"soak-{opts.name}.png", f"soak: {opts.job.name}, {opts.steps} versions")
-    print(f"{'all flat' if data['ok'] else 'SOMETHING GROWS'}; wrote {opts.out_dir}/soak-{opts.name}.{{json,png}}")
+    soak.plot(
+        samples, opts.out_dir / f"soak-{opts.name}.png", f"soak: {opts.job.name}, {opts.steps} versions"
+    )
+    print(
+        f"{'all flat' if data['ok'] else 'SOMETHING GROWS'}; wrote {opts.out_dir}/soak-{opts.name}.{{json,png}}"
+    )
     return 0 if data["ok"] else 1
 
 

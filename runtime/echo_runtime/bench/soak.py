@@ -71,7 +71,9 @@ def children_of(pid: int) -> list[int]:
 
 def cmdline(pid: int) -> list[str]:
     try:
-        return [a.decode(errors="replace") for a in (PROC / str(pid) / "cmdline").read_bytes().split(b"\0") if a]
+        return [
+            a.decode(errors="replace") for a in (PROC / str(pid) / "cmdline").read_bytes().split(b"\0") if a
+        ]
     except OSError:
         return []
 
@@ -118,7 +120,7 @@ def count_threads(pid: int) -> int:
 
 # --- the coordinator's metrics -----------------------------------------------------------------------
 
-_SAMPLE = re.compile(r'^(?P<name>[a-z_]+)(?:\{(?P<labels>[^}]*)\})? (?P<value>\S+)$')
+_SAMPLE = re.compile(r"^(?P<name>[a-z_]+)(?:\{(?P<labels>[^}]*)\})? (?P<value>\S+)$")
 
 
 def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
@@ -133,7 +135,9 @@ def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
     return out
 
 
-def latency_buckets(samples: Iterable[tuple[str, dict[str, str], float]]) -> dict[str, list[tuple[float, float]]]:
+def latency_buckets(
+    samples: Iterable[tuple[str, dict[str, str], float]],
+) -> dict[str, list[tuple[float, float]]]:
     """Cumulative ``(upper bound, count)`` buckets of ``echorl_coordinator_request_seconds`` per route."""
     out: dict[str, list[tuple[float, float]]] = {}
     for name, labels, value in samples:
@@ -142,7 +146,9 @@ def latency_buckets(samples: Iterable[tuple[str, dict[str, str], float]]) -> dic
     return {route: sorted(b) for route, b in out.items()}
 
 
-def quantile(q: float, now: Sequence[tuple[float, float]], before: Sequence[tuple[float, float]] = ()) -> float | None:
+def quantile(
+    q: float, now: Sequence[tuple[float, float]], before: Sequence[tuple[float, float]] = ()
+) -> float | None:
     """The ``q`` quantile of the observations between two cumulative histograms, interpolated inside
     its bucket as Prometheus's ``histogram_quantile`` does (the largest finite bound if it falls in
     ``+Inf``); None without observations."""
@@ -401,8 +407,8 @@ def series_of(samples: Sequence[Sample]) -> dict[str, tuple[str, list[tuple[int,
         add("pins", "pins", s.version, s.pins)
         add("bufferGroups", "bufferGroups", s.version, s.buffer_groups)
         add("tasksLeased", "tasksLeased", s.version, s.tasks_leased)
-        for route, v in s.p99_ms.items():
-            add(f"p99Ms[{route}]", "p99Ms", s.version, v)
+        for route, ms in s.p99_ms.items():
+            add(f"p99Ms[{route}]", "p99Ms", s.version, ms)
     return out
 
 
@@ -432,9 +438,7 @@ def judge(
         ceiling = ceilings.get(kind)
         peak = max(ys)
         ok = growth <= allowed and (ceiling is None or peak <= ceiling)
-        checks.append(
-            Check(name, kind, ys[0], ys[-1], rate * 1000.0, growth, allowed, ceiling, peak, ok)
-        )
+        checks.append(Check(name, kind, ys[0], ys[-1], rate * 1000.0, growth, allowed, ceiling, peak, ok))
     return checks
 
 

@@ -228,9 +228,9 @@ class StateCollector(Collector):
             )
             for route in sorted(self.latency.counts):
                 running, buckets = 0, []
-                for bound, n in zip(self.latency.buckets, self.latency.counts[route], strict=False):
+                for upper, n in zip(self.latency.buckets, self.latency.counts[route], strict=False):
                     running += n
-                    buckets.append((repr(float(bound)), running))
+                    buckets.append((repr(float(upper)), running))
                 running += self.latency.counts[route][-1]
                 buckets.append(("+Inf", running))
                 latency.add_metric([job, route], buckets, self.latency.sums[route])

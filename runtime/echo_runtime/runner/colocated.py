@@ -38,7 +38,6 @@ import dataclasses
 import itertools
 import json
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -50,7 +49,6 @@ import torch
 from echo_runtime import rollout, spec, staleness
 from echo_runtime.backends import base as backend_base
 from echo_runtime.runner import console, cpus, local, memory, metrics
-from echo_runtime.spec import commands
 from echo_runtime.tasks import base as tasks_base
 
 RATE_WINDOW_S = 30.0
@@ -173,8 +171,9 @@ class ColocatedRun(local.LocalRun):
         self.cores = self.job.training_swarm.threads or cores
         self.plan = cpus.CorePlan(trainer=self.cores, worker=self.cores, evaluator=1)
         self.echo(
-            f"processes: colocated sampler+trainer ({self.cores} thread(s) in both phases), evaluator "
-            f"on {cores} core(s); logs in {self.dir / 'logs'}"
+            f"processes: colocated sampler+trainer ({self.cores} thread(s) in both phases), "
+            f"{'evaluator' if self.evaluates else 'no evaluator (task.evalEvery 0)'} on {cores} core(s); "
+            f"logs in {self.dir / 'logs'}"
         )
         pins = None
         if self.options.pin_cores:  # this process samples and trains: it takes the first `cores` CPUs
@@ -183,19 +182,13 @@ class ColocatedRun(local.LocalRun):
             self.echo(
                 f"pinned: sampler+trainer to CPUs {sorted(pins.trainer)}, evaluator to {sorted(pins.evaluator)}"
             )
-        self.procs.start(
-            "evaluator",
-            commands.evaluator(
-                sys.executable,
-                job_file=str(self.dir / "job.yaml"),
-                out_file=str(self.dir / "eval.jsonl"),
-                t0=self.t0,
-                final_version=self.max_steps,
-                cache_dir=str(self.dir / "cache" / "evaluator"),
-            ),
-            env=local.thread_env(1),
-            cpus=None if pins is None else pins.evaluator,
-        )
+        if self.evaluates:
+            self.procs.start(
+                "evaluator",
+                self.evaluator_command(),
+                env=local.thread_env(1),
+                cpus=None if pins is None else pins.evaluator,
+            )
 
     def monitor(self) -> int:
         """Sample and train until maxSteps, in this process; 0 when done (errors raise)."""

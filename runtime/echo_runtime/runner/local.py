@@ -136,6 +136,13 @@ class LocalRun:
         self.restarts = restarts.Restarts()
         self.memory = memory.MemoryWatch()
         """Peak resident memory of every process of the run (``summary.json`` → ``memory``)."""
+        self.evaluates = self.job.spec.task.eval_every > 0
+        """Whether an evaluator runs (``task.evalEvery`` 0 turns it off)."""
+        if options.target_accuracy is not None and not self.evaluates:
+            raise RunError(
+                "--target-accuracy needs held-out evaluation, which spec.task.evalEvery: 0 turns off; "
+                "set evalEvery to 1 or more, or leave --target-accuracy out"
+            )
 
     # ------------------------------------------------------------------------------ preparation
     def prepare(self) -> None:
@@ -224,7 +231,8 @@ class LocalRun:
         self._wait_healthy()
         self.echo(
             f"processes: coordinator, trainer ({plan.trainer} thread(s)), {n_workers} worker(s) "
-            f"({plan.worker} thread(s) each), evaluator on {n_cores} core(s); logs in {self.dir / 'logs'}"
+            f"({plan.worker} thread(s) each), {'evaluator' if self.evaluates else 'no evaluator (task.evalEvery 0)'}"
+            f" on {n_cores} core(s); logs in {self.dir / 'logs'}"
         )
         pins = (
             cpus.pin_plan(sorted(os.sched_getaffinity(0)), n_cores, plan, n_workers)
@@ -259,12 +267,13 @@ class LocalRun:
                 env={**thread_env(threads), commands.WORKER_TOKEN_ENV: self.tokens["pools"][name]},
                 cpus=None if pins is None else pins.workers[i],
             )
-        self.procs.start(
-            "evaluator",
-            argvs.pop("evaluator"),
-            env=thread_env(plan.evaluator),
-            cpus=None if pins is None else pins.evaluator,
-        )
+        if "evaluator" in argvs:
+            self.procs.start(
+                "evaluator",
+                argvs.pop("evaluator"),
+                env=thread_env(plan.evaluator),
+                cpus=None if pins is None else pins.evaluator,
+            )
         trainer_threads = self.job.training_swarm.threads or plan.trainer
         self.procs.start(
             "trainer",
@@ -284,7 +293,8 @@ class LocalRun:
 
     def command_lines(self, port: int, plan: cpus.CorePlan) -> dict[str, list[str]]:
         """The argv of every process, by name: the coordinator on ``port``, each worker, the evaluator
-        and the trainer (:mod:`echo_runtime.spec.commands`, as the operator's pods get them)."""
+        (unless evaluation is off) and the trainer (:mod:`echo_runtime.spec.commands`, as the operator's
+        pods get them)."""
         job_file, url = str(self.dir / "job.yaml"), f"http://127.0.0.1:{port}"
         out = {
             "coordinator": commands.coordinator(
@@ -307,14 +317,8 @@ class LocalRun:
                 metrics_file=str(self.dir / "workers" / f"{process}.jsonl"),
                 cache_dir=str(self.dir / "cache" / process),
             )
-        out["evaluator"] = commands.evaluator(
-            sys.executable,
-            job_file=job_file,
-            out_file=str(self.dir / "eval.jsonl"),
-            t0=self.t0,
-            final_version=self.max_steps,
-            cache_dir=str(self.dir / "cache" / "evaluator"),
-        )
+        if self.evaluates:
+            out["evaluator"] = self.evaluator_command()
         out["trainer"] = commands.trainer(
             PROGRAM,
             self.job.training_swarm,
@@ -326,6 +330,16 @@ class LocalRun:
             cache_dir=str(self.dir / "cache" / "trainer"),
         )
         return out
+
+    def evaluator_command(self) -> list[str]:
+        return commands.evaluator(
+            sys.executable,
+            job_file=str(self.dir / "job.yaml"),
+            out_file=str(self.dir / "eval.jsonl"),
+            t0=self.t0,
+            final_version=self.max_steps,
+            cache_dir=str(self.dir / "cache" / "evaluator"),
+        )
 
     def _wait_healthy(self, timeout_s: float = 120.0) -> None:
         try:

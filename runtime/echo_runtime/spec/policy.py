@@ -89,8 +89,10 @@ class Task(SpecModel):
     """A system message put before every prompt (chat), or text before it (raw)."""
     heldout_size: Int = Field(default=200, ge=1, le=100_000)
     """Number of held-out prompts (never used in training) for evaluation."""
-    eval_every: Int = Field(default=10, ge=1)
-    """Evaluate held-out accuracy every N policy versions."""
+    eval_every: Int = Field(default=10, ge=0)
+    """Evaluate held-out accuracy every N policy versions (and the starting and final ones); ``0``
+    turns evaluation off: ``echorl run`` starts no evaluator process (one model less in memory) and
+    reports no held-out accuracy."""
 
     @model_validator(mode="after")
     def _dataset_settings(self) -> Task:

@@ -28,7 +28,6 @@ spec:
 """
 
 
-
 def _echorl(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "echo_runtime.cli", *args],

@@ -43,7 +43,14 @@ def test_a_300_version_run_is_flat(tmp_path: Path, built_model_cache: Path) -> N
     judged = {c.series for c in checks}
     processes = {"runner", "coordinator", "worker:default-0", "trainer", "evaluator"}
     assert {f"rssMiB[{p}]" for p in processes} | {f"fds[{p}]" for p in processes} <= judged
-    assert {"storeMiB", "storeVersions", "storeCheckpoints", "pins", "bufferGroups", "p99Ms[submit]"} <= judged
+    assert {
+        "storeMiB",
+        "storeVersions",
+        "storeCheckpoints",
+        "pins",
+        "bufferGroups",
+        "p99Ms[submit]",
+    } <= judged
     assert len([s for s in samples if s.version >= WARMUP]) >= 20
     assert [c.describe() for c in checks if not c.ok] == []
     assert samples[-1].store_versions >= 1 and samples[-1].rss_mib["trainer"] > 100  # real measurements

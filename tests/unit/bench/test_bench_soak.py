@@ -65,7 +65,9 @@ def test_a_slow_memory_leak_fails_once_the_run_is_long_enough() -> None:
 
 
 def test_a_descriptor_leak_fails_and_a_shrinking_series_does_not() -> None:
-    samples = [sample(v, fds={"trainer": 6 + v // 200, "coordinator": 60 - v // 100}) for v in range(0, 3000, 50)]
+    samples = [
+        sample(v, fds={"trainer": 6 + v // 200, "coordinator": 60 - v // 100}) for v in range(0, 3000, 50)
+    ]
     assert failing(soak.judge(samples, warmup=500)) == {"fds[trainer]"}
 
 
@@ -104,9 +106,13 @@ def test_quantile_interpolates_within_the_bucket_like_prometheus() -> None:
     assert soak.quantile(0.99, buckets) == pytest.approx(0.1 + 0.9 * 0.9)
     # between two scrapes: only what happened since counts
     before = [(0.01, 50.0), (0.1, 50.0), (1.0, 50.0), (math.inf, 50.0)]
-    assert soak.quantile(0.99, buckets, before) == pytest.approx(0.1 + 0.9 * 0.95)  # 49.5th of 50: 9.5 of the 10 in (0.1, 1]
+    assert soak.quantile(0.99, buckets, before) == pytest.approx(
+        0.1 + 0.9 * 0.95
+    )  # 49.5th of 50: 9.5 of the 10 in (0.1, 1]
     assert soak.quantile(0.99, before, before) is None
-    assert soak.quantile(0.99, [(0.1, 0.0), (math.inf, 5.0)]) == pytest.approx(0.1)  # all beyond the last bound
+    assert soak.quantile(0.99, [(0.1, 0.0), (math.inf, 5.0)]) == pytest.approx(
+        0.1
+    )  # all beyond the last bound
 
 
 def test_metrics_text_is_parsed_with_labels() -> None:
@@ -124,12 +130,35 @@ def test_metrics_text_is_parsed_with_labels() -> None:
 @pytest.mark.parametrize(
     ("argv", "role"),
     [
-        ([sys.executable, "-m", "echo_runtime.cli", "coordinator", "--job", "j.yaml", "--port", "9"], "coordinator"),
         (
-            [sys.executable, "-m", "echo_runtime.cli", "worker", "--coordinator", "http://x", "--pool", "gpu"],
+            [sys.executable, "-m", "echo_runtime.cli", "coordinator", "--job", "j.yaml", "--port", "9"],
+            "coordinator",
+        ),
+        (
+            [
+                sys.executable,
+                "-m",
+                "echo_runtime.cli",
+                "worker",
+                "--coordinator",
+                "http://x",
+                "--pool",
+                "gpu",
+            ],
             "worker:gpu",
         ),
-        ([sys.executable, "-m", "torch.distributed.run", "--standalone", "-m", "echo_runtime.cli", "trainer"], "trainer"),
+        (
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "-m",
+                "echo_runtime.cli",
+                "trainer",
+            ],
+            "trainer",
+        ),
         ([sys.executable, "-m", "echo_runtime.runner.evaluator", "--job", "j"], "evaluator"),
         ([sys.executable, "-m", "echo_runtime.runner.prepare_model"], "prepare"),
         ([sys.executable, "-m", "echo_runtime.cli", "snapshots", "ls"], None),

@@ -288,13 +288,19 @@ def test_request_durations_are_exported_per_route(make_service: Callable[..., ap
         for _ in range(3):
             c.post(f"/v1/workers/{wid}/heartbeat", json={"loadedVersion": 0}, headers=headers)
         c.post(f"/v1/workers/{wid}/leases", json={"maxTasks": 1}, headers=headers)
-        c.post(f"/v1/workers/{wid}/heartbeat", json={"loadedVersion": "x"}, headers=headers)  # rejected: counted
+        c.post(
+            f"/v1/workers/{wid}/heartbeat", json={"loadedVersion": "x"}, headers=headers
+        )  # rejected: counted
         text = c.get("/metrics").text
     counts = {
         line.split('route="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
         if line.startswith("echorl_coordinator_request_seconds_count")
     }
-    assert counts == {"register": 1.0, "heartbeat": 4.0, "lease": 1.0}  # /metrics answers before it counts itself
+    assert counts == {
+        "register": 1.0,
+        "heartbeat": 4.0,
+        "lease": 1.0,
+    }  # /metrics answers before it counts itself
     inf = [ln for ln in text.splitlines() if 'le="+Inf",route="heartbeat"' in ln]
     assert inf and inf[0].endswith(" 4.0")
