@@ -128,7 +128,7 @@ def trainer(
     if world.is_main:
         click.echo(
             f"trainer: version {result.start_version} → {result.version} "
-            f"({len(result.steps)} optimizer step(s), rank 0 of {world.world_size}, pid {os.getpid()})"
+            f"({result.version - result.start_version} optimizer step(s), rank 0 of {world.world_size}, pid {os.getpid()})"
         )
 
 

@@ -43,6 +43,7 @@ Promises:
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import json
@@ -154,6 +155,11 @@ class RunResult:
     version: int
     """The last version published (equal to ``start_version`` if no step ran)."""
     steps: tuple[step.StepMetrics, ...]
+    """The metrics of the last steps, at most :data:`RECENT_STEPS` (a run of any length holds no more;
+    every step's record is in the metrics file)."""
+
+
+RECENT_STEPS = 1000
 
 
 def run(
@@ -188,7 +194,7 @@ def run(
             if options.metrics_path and world.is_main
             else None
         )
-        version, done = start, []
+        version, done = start, collections.deque[step.StepMetrics](maxlen=RECENT_STEPS)
         main = world.is_main and store is not None and coordinator is not None
         prefetch: overlap.Prefetch[wire.BatchReply] = overlap.Prefetch()
         publisher = (
