@@ -29,7 +29,10 @@ How TRL is configured to match Echo (GRPOConfig): ``num_generations`` = groupSiz
 ``per_device_train_batch_size`` = Echo's microBatchSize (``--trl-micro-batch``) with
 ``gradient_accumulation_steps`` = groupSize·batchSize / that, so one generation of groupSize·batchSize
 completions (batchSize prompts) makes exactly one optimizer step (``steps_per_generation`` =
-accumulation steps, ``num_iterations`` 1); ``loss_type="dapo"``: the sum of token losses over the whole
+accumulation steps, ``num_iterations`` 1). The micro-batch matters: a micro-batch's logits
+(rows × tokens × vocabulary, float32) dominate both trainers' peaks, so TRL is given the micro-batch Echo's
+trainer uses; ``--trl-micro-batch`` = groupSize·batchSize is TRL with no accumulation (a higher peak, the
+same gradients). ``loss_type="dapo"``: the sum of token losses over the whole
 generation batch divided by its number of completion tokens, Echo's token-mean (with a micro-batch of the
 whole batch ``bnpo`` would be the same); ``scale_rewards="group"`` (TRL divides by std + 1e-4, Echo by
 std + 1e-6); ``epsilon`` = clipRange; ``beta`` = klCoef; AdamW (0.9, 0.999), eps 1e-8, no weight decay,
@@ -39,7 +42,7 @@ design: TRL is on-policy (it samples with the weights it trains, ratio 1), Echo'
 (the worker samples with the previous version; Echo's importance-weight cap then applies, TRL's ``delta``
 is left unset); TRL samples with ``model.generate``, Echo's worker with its own KV-cached loop.
 
-    python benchmarks/versus_trl.py                      # the job's 24 steps, seed 0 (about 20 minutes on 2 cores)
+    python benchmarks/versus_trl.py                      # the job's maxSteps (24), seed 0
     python benchmarks/versus_trl.py --quick              # 2 steps each: a smoke run
     python benchmarks/versus_trl.py --order trl-first --seed 1 --out benchmarks/results/versus-trl-s1.json
 

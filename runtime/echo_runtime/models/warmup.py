@@ -187,7 +187,15 @@ def generate(
                 mask[row, width - len(ids) :] = 1
             input_ids, mask = input_ids.to(device), mask.to(device)
             positions = (mask.cumsum(-1) - 1).clamp(min=0)
-            result = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True)
+            result = (
+                model(  # the logits of the last position only: [rows, 1, vocab], not [rows, width, vocab]
+                    input_ids=input_ids,
+                    attention_mask=mask,
+                    position_ids=positions,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+            )
             finished = torch.zeros(len(chunk), dtype=torch.bool, device=device)
             tokens: list[Any] = []
             for _ in range(max_new_tokens):

@@ -85,11 +85,12 @@ def test_run_completes_within_the_bound(
     assert (tmp_path / "run" / "curves.png").stat().st_size > 0
 
 
-
 def test_evaluation_can_be_turned_off(tmp_path: Path, built_model_cache: Path) -> None:
     """``task.evalEvery: 0``: no evaluator process, no held-out accuracy, the run completes as usual."""
     job = tmp_path / "no-eval.yaml"
-    text = JOB.format(name="no-eval", steps=3, store=tmp_path / "store", sync="{mode: Async, maxStaleness: 1}")
+    text = JOB.format(
+        name="no-eval", steps=3, store=tmp_path / "store", sync="{mode: Async, maxStaleness: 1}"
+    )
     job.write_text(text.replace("evalEvery: 2", "evalEvery: 0"))
     refused = _echorl("run", str(job), "--no-progress", "--target-accuracy", "0.5", cwd=tmp_path)
     assert refused.returncode != 0 and "evalEvery" in refused.stderr and "--target-accuracy" in refused.stderr
@@ -102,6 +103,7 @@ def test_evaluation_can_be_turned_off(tmp_path: Path, built_model_cache: Path) -
     assert "evaluator" not in summary["memory"]["peakRssMiB"] and "trainer" in summary["memory"]["peakRssMiB"]
     assert not (tmp_path / "run" / "logs" / "evaluator.log").exists()
     assert (tmp_path / "run" / "logs" / "trainer.log").exists()
+
 
 def test_rerun_refuses_then_resume_continues(tmp_path: Path, built_model_cache: Path) -> None:
     job = _write_job(tmp_path, "resumable", "{mode: Async, maxStaleness: 2}", steps=2)

@@ -64,7 +64,6 @@ def test_every_step_publishes_the_next_version(tiny_model_dir: str, tmp_path: Pa
     assert records[2]["kl"] > 0
 
 
-
 def test_the_result_keeps_only_the_last_steps(
     tiny_model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -74,6 +73,7 @@ def test_the_result_keeps_only_the_last_steps(
     result = _run(job, ScriptedCoordinator(), metrics_path=tmp_path / "metrics.jsonl")
     assert result.version == 3 and [m.version for m in result.steps] == [2, 3]
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 3
+
 
 def test_the_next_batch_is_fetched_while_the_step_runs_and_announced_versions_stay_in_order(
     tiny_model_dir: str, tmp_path: Path

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -111,6 +112,23 @@ def test_generate_matches_transformers_greedy_decoding(tiny_dir: Path) -> None:
         model, tokenizer, prompts * 8, max_new_tokens=6, temperature=1.0, seed=3
     )
     assert len(set(sampled)) > 4  # an untrained model samples varied text
+
+
+def test_generate_asks_the_prompt_pass_for_the_last_position_only(tiny_dir: Path) -> None:
+    """The evaluator's prefill holds ``[rows, 1, vocab]`` logits, not a row of logits per prompt token."""
+    model = load.load_causal_lm(str(tiny_dir))
+    tokenizer = load.load_tokenizer(str(tiny_dir))
+    widths: list[int] = []
+
+    def record(module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        widths.append(int(output.logits.shape[1]))
+
+    handle = model.register_forward_hook(record, with_kwargs=True)
+    try:
+        warmup.generate(model, tokenizer, ["1+2=", "93-17=", "5*4+3="], max_new_tokens=3)
+    finally:
+        handle.remove()
+    assert widths and set(widths) == {1}
 
 
 def test_resolve_builds_and_caches_a_warmed_model(tmp_path: Path) -> None:
