@@ -29,9 +29,9 @@ How TRL is configured to match Echo (GRPOConfig): ``num_generations`` = groupSiz
 ``per_device_train_batch_size`` = Echo's microBatchSize (``--trl-micro-batch``) with
 ``gradient_accumulation_steps`` = groupSize·batchSize / that, so one generation of groupSize·batchSize
 completions (batchSize prompts) makes exactly one optimizer step (``steps_per_generation`` =
-accumulation steps, ``num_iterations`` 1). The micro-batch matters: a micro-batch's logits
-(rows × tokens × vocabulary, float32) dominate both trainers' peaks, so TRL is given the micro-batch Echo's
-trainer uses; ``--trl-micro-batch`` = groupSize·batchSize is TRL with no accumulation (a higher peak, the
+accumulation steps, ``num_iterations`` 1). The micro-batch matters: a micro-batch's activations
+(kept for the backward pass, every layer, float32) dominate both trainers' peaks, so TRL is given the
+micro-batch Echo's trainer uses; ``--trl-micro-batch`` = groupSize·batchSize is TRL with no accumulation (a higher peak, the
 same gradients). ``loss_type="dapo"``: the sum of token losses over the whole
 generation batch divided by its number of completion tokens, Echo's token-mean (with a micro-batch of the
 whole batch ``bnpo`` would be the same); ``scale_rewards="group"`` (TRL divides by std + 1e-4, Echo by
