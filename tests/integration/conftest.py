@@ -1,22 +1,27 @@
-"""Integration tests that run ``echorl`` processes share one built tiny model through a session-wide
-cache directory."""
+"""Integration tests that run ``echorl`` processes share one built tiny model through a cache directory
+made once per session, exported as ECHORL_CACHE_DIR to the processes of the tests that ask for it
+(and only to those: other tests keep the machine's cache, where the pretrained models are)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 
 @pytest.fixture(scope="session")
-def built_model_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A cache dir holding ``echorl:tiny``, exported as ECHORL_CACHE_DIR for the child processes."""
+def _tiny_model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from echo_runtime.models import resolve
 
     cache = tmp_path_factory.mktemp("echorl-cache")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("ECHORL_CACHE_DIR", str(cache))
-    resolve.resolve_model("echorl:tiny")
-    yield cache
-    mp.undo()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ECHORL_CACHE_DIR", str(cache))
+        resolve.resolve_model("echorl:tiny")
+    return cache
+
+
+@pytest.fixture
+def built_model_cache(_tiny_model_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A cache dir holding ``echorl:tiny``, exported as ECHORL_CACHE_DIR for this test's child processes."""
+    monkeypatch.setenv("ECHORL_CACHE_DIR", str(_tiny_model_cache))
+    return _tiny_model_cache
