@@ -1,12 +1,15 @@
 """Echo against TRL's ``GRPOTrainer`` on the same job, one after the other: peak memory, wall-clock, accuracy.
 
 Issue 34's goal, side by side with TRL's process on the same job: Echo's whole tree ≤ 1.3× TRL's peak
-resident memory, Echo's trainer alone ≤ 0.7×, at unchanged wall-clock and held-out accuracy. This runs
+memory (judged on proportional set sizes, and reported on resident sets too), Echo's trainer alone
+≤ 0.7× (resident sets), at unchanged wall-clock and held-out accuracy. This runs
 
 * **Echo**: ``python -m echo_runtime.cli run JOB --fresh --no-progress --max-steps N --seed S --cores C``
   (coordinator, inference worker(s), trainer, evaluator, and the runner that watches them) and reads its
-  ``summary.json``: ``memory.peakRssMiB`` per process, ``memory.peakTotalRssMiB`` (the peak of their sum
-  at one moment: what the machine holds at once), ``wallClockSeconds`` and the held-out accuracies;
+  ``summary.json``: ``memory.peakRssMiB`` per process, ``memory.peakTotalRssMiB`` (the peak of their
+  resident sets' sum at one moment) and ``memory.peakTotalPssMiB`` (the same with proportional set sizes:
+  pages the processes share, libtorch's above all, counted once — what the machine holds at once),
+  ``wallClockSeconds`` and the held-out accuracies;
 * **TRL**: this script again as a child (``--child-trl``), with TRL put on *that process's* ``PYTHONPATH``
   only (``--trl-path``, default ``~/.cache/echorl/trl/<--trl-version>``), running ``GRPOTrainer`` on the
   CPU on the same job: the same model directory, the same peft ``LoraConfig`` (Echo's own
@@ -14,8 +17,8 @@ resident memory, Echo's trainer alone ≤ 0.7×, at unchanged wall-clock and hel
   prompts rendered as Echo renders them (the prompt ids are checked equal to Echo's
   :func:`echo_runtime.models.prompts.encode`), Echo's verifier (``task.score``) as the reward function,
   and the job's groupSize, batchSize, maxNewTokens, temperature, learning rate (constant), clipRange and
-  klCoef (0: no reference model). Its peak is the kernel's high-water mark (``VmHWM``) of the process at
-  the end of ``trainer.train()`` (a sampling thread adds any child process; there is none). Afterwards, so
+  klCoef (0: no reference model). Its peak is the kernel's high-water mark (``VmHWM``) of the process
+  over ``trainer.train()``, and its largest proportional set size, sampled every second. Afterwards, so
   that it does not count toward that peak, the trained adapter is scored greedily on the held-out
   problems Echo's evaluator scores, with Echo's own :func:`echo_runtime.models.warmup.evaluate`, and so is
   the base model (adapter disabled; it must match Echo's version-0 accuracy, a check of the two paths).
@@ -75,6 +78,8 @@ from typing import Any
 
 import yaml
 
+from echo_runtime.runner import memory
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 DEFAULT_JOB = ROOT / "examples" / "smollm2.yaml"
@@ -96,77 +101,37 @@ Install it outside the project's environment (this benchmark puts it on the TRL 
 
 
 # ---------------------------------------------------------------------------------------------- memory
-def _status_kib(status: str, key: str) -> int:
-    for line in status.splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    return 0
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except OSError:
-        return None
-
-
-def tree_rss_kib(root: int) -> int:
-    """Resident KiB of process ``root`` and all of its descendants now (``/proc``)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        stat = _read(entry / "stat")
-        if stat is None:
-            continue
-        try:
-            parents[int(entry.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
-        except (ValueError, IndexError):
-            continue
-    tree, frontier = {root}, [root]
-    while frontier:
-        pid = frontier.pop()
-        for child, parent in parents.items():
-            if parent == pid and child not in tree:
-                tree.add(child)
-                frontier.append(child)
-    total = 0
-    for pid in tree:
-        status = _read(Path("/proc") / str(pid) / "status")
-        if status is not None:
-            total += _status_kib(status, "VmRSS")
-    return total
-
-
-class TreeSampler:
-    """Samples the resident memory of this process and its descendants every ``interval_s`` seconds (as
-    often as ``echorl run`` samples its processes; the process's own peak is ``VmHWM`` anyway)."""
+class Sampler:
+    """Samples this process's resident and proportional memory every ``interval_s`` seconds, with
+    :class:`echo_runtime.runner.memory.MemoryWatch` (what ``echorl run`` uses for its processes; the
+    kernel's own ``VmHWM`` high-water mark is read at each sample too). TRL starts no child process."""
 
     def __init__(self, interval_s: float = 1.0) -> None:
         self.interval_s = interval_s
-        self.peak_kib = 0
-        self.samples = 0
+        self.watch = memory.MemoryWatch()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="memory-sampler", daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak_kib = max(self.peak_kib, tree_rss_kib(os.getpid()))
-            self.samples += 1
+            self.watch.sample({})
             self._stop.wait(self.interval_s)
 
-    def __enter__(self) -> TreeSampler:
+    def peak_rss_kib(self) -> int:
+        self.watch.sample({})
+        return self.watch.peak_kib.get(memory.RUNNER, 0)
+
+    def peak_pss_kib(self) -> int:
+        return self.watch.peak_total_pss_kib
+
+    def __enter__(self) -> Sampler:
         self._thread.start()
         return self
 
     def __exit__(self, *_: object) -> None:
         self._stop.set()
         self._thread.join()
-
-
-def own_kib(key: str) -> int:
-    """``VmRSS`` or ``VmHWM`` of this process, KiB."""
-    return _status_kib(_read(Path("/proc/self/status")) or "", key)
+        self.watch.sample({})
 
 
 # ---------------------------------------------------------------------------------------------- the job
@@ -236,10 +201,10 @@ def run_echo(job: Path, work: Path, steps: int, seed: int, cores: int) -> dict[s
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
         raise SystemExit(f"echo run failed (exit code {done.returncode}); the end of {log}:\n{tail}")
     summary: dict[str, Any] = json.loads((run_dir / "summary.json").read_text())
-    memory = summary.get("memory") or {}
-    if not memory.get("measured"):
-        raise SystemExit(f"echo run: memory was not measured ({memory.get('reason')})")
-    peaks: dict[str, float] = memory["peakRssMiB"]
+    measured = summary.get("memory") or {}
+    if not measured.get("measured"):
+        raise SystemExit(f"echo run: memory was not measured ({measured.get('reason')})")
+    peaks: dict[str, float] = measured["peakRssMiB"]
     t0 = float(json.loads((run_dir / "run.json").read_text())["t0"])
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     trainer = [r for r in records if r.get("kind") == "trainer"]
@@ -250,11 +215,12 @@ def run_echo(job: Path, work: Path, steps: int, seed: int, cores: int) -> dict[s
         "command": cmd[1:],
         "runDir": str(run_dir),
         "peakRssMiB": peaks,
-        "peakTotalRssMiB": memory["peakTotalRssMiB"],
+        "peakTotalRssMiB": measured["peakTotalRssMiB"],
+        "peakTotalPssMiB": measured.get("peakTotalPssMiB"),
         "sumOfPeaksMiB": round(total_peaks, 1),
         "sumOfPeaksWithoutEvaluatorMiB": round(total_peaks - peaks.get("evaluator", 0.0), 1),
         "trainerPeakRssMiB": peaks.get("trainer"),
-        "memorySamples": memory.get("samples"),
+        "memorySamples": measured.get("samples"),
         "policyVersion": summary.get("policyVersion"),
         "wallClockSeconds": summary.get("wallClockSeconds"),
         "setupSeconds": round(t0 - launched, 2),
@@ -425,13 +391,11 @@ def child_trl(opts: argparse.Namespace) -> int:
         processing_class=tokenizer,
         peft_config=policy.lora_config(job.spec.model),
     )
-    before_train_kib = own_kib("VmRSS")
-    with TreeSampler() as sampler:
+    with Sampler() as sampler:
         t_train = time.time()
         trainer.train()
         train_end = time.time()
-        hwm_kib = own_kib("VmHWM")
-    peak_kib = max(hwm_kib, sampler.peak_kib)
+    peak_kib, peak_pss_kib = sampler.peak_rss_kib(), sampler.peak_pss_kib()
 
     model = trainer.model
     eos_ids = sampling.eos_token_ids(model_dir, tokenizer)
@@ -464,11 +428,9 @@ def child_trl(opts: argparse.Namespace) -> int:
         "eosIds": {"trl": list(trainer.eos_token_ids), "echo": sorted(eos_ids)},
         "optimizerSteps": trainer.state.global_step,
         "peakRssMiB": round(peak_kib / MIB, 1),
-        "vmHwmAtTrainEndMiB": round(hwm_kib / MIB, 1),
-        "sampledPeakTreeRssMiB": round(sampler.peak_kib / MIB, 1),
-        "rssSamples": sampler.samples,
-        "rssBeforeTrainMiB": round(before_train_kib / MIB, 1),
-        "peakAfterEvaluationMiB": round(own_kib("VmHWM") / MIB, 1),
+        "peakPssMiB": round(peak_pss_kib / MIB, 1),
+        "memorySamples": sampler.watch.samples,
+        "peakAfterEvaluationMiB": round(sampler.peak_rss_kib() / MIB, 1),
         "setupSeconds": round(t_train - launched, 2),
         "trainSeconds": round(train_end - t_train, 2),
         "toLastStepSeconds": round(train_end - launched, 2),
@@ -502,6 +464,7 @@ def ratio(a: float | None, b: float | None) -> float | None:
 def compare(echo: dict[str, Any], trl: dict[str, Any]) -> dict[str, Any]:
     peak = trl["peakRssMiB"]
     ratios = {
+        "echoTotalPssOverTrlPssPeak": ratio(echo["peakTotalPssMiB"], trl["peakPssMiB"]),
         "echoTotalOverTrlPeak": ratio(echo["peakTotalRssMiB"], peak),
         "echoTotalWithoutEvaluatorOverTrlPeak": ratio(echo["sumOfPeaksWithoutEvaluatorMiB"], peak),
         "echoSumOfPeaksOverTrlPeak": ratio(echo["sumOfPeaksMiB"], peak),
@@ -509,6 +472,7 @@ def compare(echo: dict[str, Any], trl: dict[str, Any]) -> dict[str, Any]:
         "wallClockEchoOverTrl": ratio(echo["toLastStepSeconds"], trl["toLastStepSeconds"]),
     }
     goals = {
+        "echoTotalPssOverTrlPssPeak": GOAL_TOTAL,
         "echoTotalOverTrlPeak": GOAL_TOTAL,
         "echoTotalWithoutEvaluatorOverTrlPeak": GOAL_TOTAL,
         "echoTrainerOverTrlPeak": GOAL_TRAINER,
@@ -539,11 +503,13 @@ def print_table(echo: dict[str, Any], trl: dict[str, Any], verdict: dict[str, An
     for name, mib in sorted(echo["peakRssMiB"].items()):
         print(f"  echo {name:46} {mib:9.1f}")
     print(f"  {'echo total (peak of the sum at one moment)':50} {echo['peakTotalRssMiB']:9.1f}")
+    print(f"  {'echo total, proportional (PSS) at one moment':50} {_fmt(echo['peakTotalPssMiB']):>9}")
     print(f"  {'echo sum of per-process peaks':50} {echo['sumOfPeaksMiB']:9.1f}")
     print(
         f"  {'echo sum of per-process peaks, without evaluator':50} {echo['sumOfPeaksWithoutEvaluatorMiB']:9.1f}"
     )
     print(f"  {'trl GRPOTrainer process, training peak':50} {trl['peakRssMiB']:9.1f}")
+    print(f"  {'trl process, proportional (PSS) training peak':50} {_fmt(trl['peakPssMiB']):>9}")
     print(f"  {'trl process after held-out evaluation':50} {trl['peakAfterEvaluationMiB']:9.1f}")
     print(f"\n{'ratio':52} {'value':>9} {'goal':>7}  met")
     for name, value in verdict["ratios"].items():

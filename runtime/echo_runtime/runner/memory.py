@@ -3,8 +3,15 @@
 ``echorl run`` samples, at every pass of its monitor loop, the resident set (``VmRSS``) of each
 child's whole process group — a trainer under torchrun is several processes, the coordinator has its
 scoring processes — and of the runner itself (which samples and trains in a Colocated run). It keeps
-each process's peak and the peak of their sum at one moment (what the machine must hold at once; the
-sum of the per-process peaks can only be larger). ``summary.json`` reports both, in MiB.
+each process's peak and the peak of their sum at one moment (the sum of the per-process peaks can only
+be larger). ``summary.json`` reports both, in MiB.
+
+Resident sets overlap: every torch process maps the same libraries (about 320 MiB of libtorch and its
+kin are shared, clean pages), and each process's ``VmRSS`` counts them whole, so the sum of resident
+sets counts them once per process. The *proportional* set size (``Pss`` in ``/proc/<pid>/smaps_rollup``)
+divides each shared page among the processes that map it; the sum of the processes' PSS at one moment
+(``peakTotalPssMiB``) is what the machine holds for the run at once, and what compares with another
+system's single process.
 
 Linux only (``/proc``); elsewhere the report says it was not measured. Sampling misses a peak shorter
 than the monitor's interval; the kernel's own high-water mark (``VmHWM``) of each live process is read
@@ -51,6 +58,7 @@ class MemoryWatch:
         self.available = (proc / "self" / "status").exists()
         self.peak_kib: dict[str, int] = {}
         self.peak_total_kib = 0
+        self.peak_total_pss_kib = 0
         self.samples = 0
 
     def sample(self, groups: Mapping[str, int]) -> dict[str, int]:
@@ -70,6 +78,7 @@ class MemoryWatch:
             if gid in members:
                 members[gid].append(entry)
         now: dict[str, int] = {}
+        pss = 0
         for name, gid in groups.items():
             rss = hwm = 0
             for entry in members[gid]:
@@ -77,13 +86,16 @@ class MemoryWatch:
                 if status is not None:
                     rss += parse_status_kib(status, "VmRSS")
                     hwm = max(hwm, parse_status_kib(status, "VmHWM"))
+                pss += parse_status_kib(_read(entry / "smaps_rollup") or "", "Pss")
             now[name] = rss
             # A group's peak is at least its largest member's own high-water mark.
             self.peak_kib[name] = max(self.peak_kib.get(name, 0), rss, hwm)
         own = _read(self.proc / "self" / "status") or ""
         now[RUNNER] = parse_status_kib(own, "VmRSS")
+        pss += parse_status_kib(_read(self.proc / "self" / "smaps_rollup") or "", "Pss")
         self.peak_kib[RUNNER] = max(self.peak_kib.get(RUNNER, 0), parse_status_kib(own, "VmHWM"))
         self.peak_total_kib = max(self.peak_total_kib, sum(now.values()))
+        self.peak_total_pss_kib = max(self.peak_total_pss_kib, pss)
         self.samples += 1
         return now
 
@@ -99,6 +111,7 @@ class MemoryWatch:
             "measured": True,
             "peakRssMiB": {k: round(v / mib, 1) for k, v in sorted(self.peak_kib.items())},
             "peakTotalRssMiB": round(self.peak_total_kib / mib, 1),
+            "peakTotalPssMiB": round(self.peak_total_pss_kib / mib, 1) if self.peak_total_pss_kib else None,
             "samples": self.samples,
         }
 

@@ -54,6 +54,48 @@ def test_a_groups_peak_counts_every_member_and_the_total_is_simultaneous() -> No
     assert peaks[memory.RUNNER] > 10  # this test process itself
     total = report["peakTotalRssMiB"]
     assert isinstance(total, float) and total >= peaks["job"]
+    pss = report["peakTotalPssMiB"]  # the two blocks are private: proportional sizes count them whole
+    assert isinstance(pss, float) and 290 < pss <= total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="Linux /proc smaps_rollup")
+def test_proportional_sizes_count_pages_shared_by_two_processes_once() -> None:
+    """Two processes mapping the same 200 MiB file: each resident set counts it, their PSS halves it."""
+    share = (
+        "import mmap, sys\n"
+        "f = open(sys.argv[1], 'rb')\n"
+        "m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)\n"
+        "total = sum(m[i] for i in range(0, len(m), 4096))\n"
+        "print('ready', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    import tempfile
+
+    with tempfile.NamedTemporaryFile() as data:
+        data.write(b"\1" * (200 * 1024 * 1024))
+        data.flush()
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", share, data.name],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                start_new_session=True,
+            )
+            for _ in range(2)
+        ]
+        try:
+            for proc in procs:
+                assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+            watch = memory.MemoryWatch()
+            now = watch.sample({"a": procs[0].pid, "b": procs[1].pid})
+        finally:
+            for proc in procs:
+                proc.communicate(b"", timeout=30)
+    report = watch.report()
+    assert now["a"] > 200 * 1024 and now["b"] > 200 * 1024  # each resident set counts the whole file
+    rss, pss = report["peakTotalRssMiB"], report["peakTotalPssMiB"]  # both include this process
+    assert isinstance(rss, float) and isinstance(pss, float)
+    assert pss < rss - 150  # the proportional sum counts the file about once
 
 
 def test_parsing_stat_and_status() -> None:
