@@ -6,9 +6,10 @@
 #   podman, buildah                     the image builder (images/*.Dockerfile)
 #   debootstrap                         the base image, made from Debian packages (no registry)
 #   openssl                             the TLS tests make their CA and certificates with it
+#   libjemalloc2                        the allocator `echorl run` gives its processes when installed
 # Needs root. Idempotent: with everything installed it only checks (well under a second).
 set -euo pipefail
-PACKAGES=(containerd runc containernetworking-plugins iptables conntrack podman buildah debootstrap openssl)
+PACKAGES=(containerd runc containernetworking-plugins iptables conntrack podman buildah debootstrap openssl libjemalloc2)
 missing=()
 for pkg in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

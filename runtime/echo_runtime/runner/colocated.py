@@ -186,7 +186,7 @@ class ColocatedRun(local.LocalRun):
             self.procs.start(
                 "evaluator",
                 self.evaluator_command(),
-                env=local.thread_env(1),
+                env={**local.thread_env(1), **self.malloc_env},
                 cpus=None if pins is None else pins.evaluator,
             )
 

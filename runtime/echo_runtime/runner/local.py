@@ -41,7 +41,7 @@ from typing import Any
 import yaml
 
 from echo_runtime import spec
-from echo_runtime.runner import console, cpus, memory, metrics, plots, restarts
+from echo_runtime.runner import allocator, console, cpus, memory, metrics, plots, restarts
 from echo_runtime.runner.procs import Child, NotHealthy, Processes, wait_healthy
 from echo_runtime.spec import commands
 from echo_runtime.spec import load as spec_load
@@ -136,6 +136,11 @@ class LocalRun:
         self.restarts = restarts.Restarts()
         self.memory = memory.MemoryWatch()
         """Peak resident memory of every process of the run (``summary.json`` → ``memory``)."""
+        try:
+            self.malloc_env = allocator.child_env(os.environ)
+            """``LD_PRELOAD`` of jemalloc for the torch processes, when installed (:mod:`.allocator`)."""
+        except ValueError as exc:
+            raise RunError(str(exc)) from exc
         self.evaluates = self.job.spec.task.eval_every > 0
         """Whether an evaluator runs (``task.evalEvery`` 0 turns it off)."""
         if options.target_accuracy is not None and not self.evaluates:
@@ -232,7 +237,7 @@ class LocalRun:
         self.echo(
             f"processes: coordinator, trainer ({plan.trainer} thread(s)), {n_workers} worker(s) "
             f"({plan.worker} thread(s) each), {'evaluator' if self.evaluates else 'no evaluator (task.evalEvery 0)'}"
-            f" on {n_cores} core(s); logs in {self.dir / 'logs'}"
+            f" on {n_cores} core(s), {allocator.describe(self.malloc_env)}; logs in {self.dir / 'logs'}"
         )
         pins = (
             cpus.pin_plan(sorted(os.sched_getaffinity(0)), n_cores, plan, n_workers)
@@ -264,21 +269,29 @@ class LocalRun:
             self.procs.start(
                 process,
                 argvs.pop(process),
-                env={**thread_env(threads), commands.WORKER_TOKEN_ENV: self.tokens["pools"][name]},
+                env={
+                    **thread_env(threads),
+                    **self.malloc_env,
+                    commands.WORKER_TOKEN_ENV: self.tokens["pools"][name],
+                },
                 cpus=None if pins is None else pins.workers[i],
             )
         if "evaluator" in argvs:
             self.procs.start(
                 "evaluator",
                 argvs.pop("evaluator"),
-                env=thread_env(plan.evaluator),
+                env={**thread_env(plan.evaluator), **self.malloc_env},
                 cpus=None if pins is None else pins.evaluator,
             )
         trainer_threads = self.job.training_swarm.threads or plan.trainer
         self.procs.start(
             "trainer",
             argvs.pop("trainer"),
-            env={**thread_env(trainer_threads), commands.TRAINER_TOKEN_ENV: self.tokens["trainer"]},
+            env={
+                **thread_env(trainer_threads),
+                **self.malloc_env,
+                commands.TRAINER_TOKEN_ENV: self.tokens["trainer"],
+            },
             cpus=None if pins is None else pins.trainer,
         )
 
