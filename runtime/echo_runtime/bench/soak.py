@@ -43,6 +43,9 @@ from echo_runtime.coordinator import config as coordinator_config
 from echo_runtime.runner import memory
 
 PROC = Path("/proc")
+_LOOPBACK = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+"""Reads the coordinator's ``/metrics`` on 127.0.0.1 directly: never through an ``http_proxy`` of the
+environment (nothing the soak does may leave the machine)."""
 SHORT_ROUTES = ("heartbeat", "submit", "version")
 """Endpoints whose p99 is watched (lease and batches are long-polls: their duration is the wait)."""
 
@@ -226,7 +229,7 @@ class Watch:
         if self.port is None:
             return []
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
+            with _LOOPBACK.open(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
                 return parse_metrics(r.read().decode())
         except OSError:
             return []

@@ -180,3 +180,12 @@ def test_process_counters_read_proc() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_metrics_are_read_without_the_environments_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A proxy in the environment must not carry the soak's requests off the machine."""
+    import urllib.request
+
+    monkeypatch.setenv("http_proxy", "http://192.0.2.1:3128")
+    monkeypatch.delenv("no_proxy", raising=False)
+    assert not any(isinstance(h, urllib.request.ProxyHandler) and h.proxies for h in soak._LOOPBACK.handlers)
