@@ -85,7 +85,7 @@ def bare_inputs(policy: Any, plan: Any, micro: int) -> list[tuple[Any, Any, Any]
     for chunk in micro_batches(list(plan.slots), micro):
         packed = pack([s.rollout for s in chunk], policy.pad_id)
         adv = torch.tensor([s.advantage for s in chunk]).unsqueeze(1)
-        weights = loss.token_weights(packed.mask, "token", plan.total_tokens, len(plan.slots))
+        weights = loss.token_weights(packed.mask, "TokenMean", plan.total_tokens, len(plan.slots))
         out.append((packed, adv, weights))
     return out
 
@@ -137,11 +137,15 @@ def main() -> None:
         config = step.StepConfig.from_algorithm(algorithm)
         trainer_opt = step.make_optimizer(trainer_policy.trainable_parameters(), algorithm.learning_rate)
         bare_opt = step.make_optimizer(bare_policy.trainable_parameters(), algorithm.learning_rate)
-        inputs = bare_inputs(bare_policy, step.plan_step(batch, rule), config.micro_batch_size)
+        inputs = bare_inputs(
+            bare_policy, step.plan_step(batch, rule, config.objective), config.micro_batch_size
+        )
 
         def run_trainer() -> float:
             started = time.perf_counter()
-            step.train_step(trainer_policy, trainer_opt, step.plan_step(batch, rule), config)
+            step.train_step(
+                trainer_policy, trainer_opt, step.plan_step(batch, rule, config.objective), config
+            )
             return time.perf_counter() - started
 
         def run_bare() -> float:

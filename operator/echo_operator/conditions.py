@@ -11,6 +11,8 @@ type               good status   meaning
 Ready              True          coordinator serving, trainer ready, every in-cluster pool has a worker
 Progressing        True          policy versions are advancing (False: Completed or Suspended)
 StalenessBounded   True          every pool keeps up with Δmax (False names the pools that do not)
+LearningSignal     True          batches carry groups whose rewards differ (False: the job learns nothing,
+                                 or dynamic sampling filters nearly every group)
 Degraded           False         something needs a human: a missing reference, storage, the bound
 Suspended          False         ``spec.suspend`` scaled the job to zero
 Succeeded          True          the final version and its checkpoint are in the store
@@ -28,12 +30,13 @@ from echo_runtime.spec.status import ConditionType
 
 Status = Literal["True", "False", "Unknown"]
 TYPES: tuple[ConditionType, ...] = (
-    "Ready", "Progressing", "StalenessBounded", "Degraded", "Suspended", "Succeeded", "Failed"
+    "Ready", "Progressing", "StalenessBounded", "LearningSignal", "Degraded", "Suspended", "Succeeded", "Failed"
 )  # fmt: skip
 GOOD: Mapping[str, Status] = {
     "Ready": "True",
     "Progressing": "True",
     "StalenessBounded": "True",
+    "LearningSignal": "True",
     "Degraded": "False",
     "Suspended": "False",
     "Succeeded": "True",

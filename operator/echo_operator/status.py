@@ -311,6 +311,31 @@ def _bounded(obs: Observation, previous: Mapping[str, Any]) -> Condition:
     )
 
 
+_SIGNAL_REASONS = {"no learning signal": "NoSignal", "nearly every group is filtered": "NearlyAllFiltered"}
+
+
+def _learning(obs: Observation, previous: Mapping[str, Any]) -> Condition:
+    """False while the coordinator warns that the job learns nothing (its ``warnings``, docs/contracts.md);
+    while it cannot be read, the last verdict stands."""
+    doc = obs.coordinator
+    if doc is None:
+        for old in previous.get("conditions") or []:
+            if old.get("type") == "LearningSignal":
+                return Condition("LearningSignal", old["status"], old["reason"], old.get("message", ""))
+        return Condition(
+            "LearningSignal", "Unknown", "AwaitingCoordinator", "no status from the coordinator yet"
+        )
+    for warning in doc.warnings:
+        kind = warning.split(":", 1)[0]
+        if kind in _SIGNAL_REASONS:
+            return Condition("LearningSignal", "False", _SIGNAL_REASONS[kind], warning)
+    if doc.consumed_groups == 0:
+        return Condition("LearningSignal", "Unknown", "NoBatchYet", "no batch handed to the trainer yet")
+    return Condition(
+        "LearningSignal", "True", "SignalPresent", "recent batches hold groups whose rewards differ"
+    )
+
+
 def _degraded(obs: Observation, previous: Mapping[str, Any]) -> Condition:
     if obs.outcome is not None and obs.outcome.type == "Failed":
         return Condition("Degraded", "True", obs.outcome.reason, obs.outcome.message)
@@ -345,7 +370,14 @@ def _degraded(obs: Observation, previous: Mapping[str, Any]) -> Condition:
 def conditions(obs: Observation, previous: Mapping[str, Any] | None = None) -> list[Condition]:
     """Every condition of the job; ``Succeeded`` or ``Failed`` only once it ended (they stay True)."""
     previous = previous or {}
-    out = [_ready(obs), _progressing(obs), _bounded(obs, previous), _degraded(obs, previous), _suspended(obs)]
+    out = [
+        _ready(obs),
+        _progressing(obs),
+        _bounded(obs, previous),
+        _learning(obs, previous),
+        _degraded(obs, previous),
+        _suspended(obs),
+    ]
     if obs.outcome is not None:
         out.append(Condition(obs.outcome.type, "True", obs.outcome.reason, obs.outcome.message))
     return out

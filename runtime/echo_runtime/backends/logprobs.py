@@ -109,6 +109,84 @@ def token_logprobs(
     return values.reshape(shape)
 
 
+def _forward_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float, step: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(log-probs, entropies, log-sum-exps)``: :func:`_forward` plus ``H = lse − Σ p·x`` per token."""
+    values = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+    entropy = torch.empty_like(values)
+    lse = torch.empty_like(values)
+    for start in range(0, logits.shape[0], step):
+        scaled = logits[start : start + step].float() / temperature
+        chunk_lse = torch.logsumexp(scaled, dim=-1)
+        probs = torch.exp(scaled - chunk_lse.unsqueeze(-1))
+        chosen = scaled.gather(-1, targets[start : start + step].unsqueeze(-1)).squeeze(-1)
+        values[start : start + step] = chosen - chunk_lse
+        entropy[start : start + step] = chunk_lse - (probs * scaled).sum(-1)
+        lse[start : start + step] = chunk_lse
+    return values, entropy, lse
+
+
+class _ChunkedLogProbsEntropy(torch.autograd.Function):
+    """:class:`_ChunkedLogProbs` that also returns each position's entropy, with its gradient.
+
+    With ``x = logits / T``, ``p = softmax(x)`` and ``H = −Σ p log p``: ``∂H/∂x_k = −p_k (log p_k + H)``.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any, logits: torch.Tensor, targets: torch.Tensor, temperature: float, step: int, in_place: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        values, entropy, lse = _forward_entropy(logits, targets, temperature, step)
+        ctx.save_for_backward(logits, targets, lse, entropy)
+        ctx.temperature, ctx.step, ctx.in_place = temperature, step, in_place
+        ctx.set_materialize_grads(False)
+        return values, entropy
+
+    @staticmethod
+    def backward(
+        ctx: Any, grad: torch.Tensor | None, grad_entropy: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, None, None, None, None]:
+        logits, targets, lse, entropy = ctx.saved_tensors
+        if grad is None and grad_entropy is None:
+            return None, None, None, None, None
+        out = logits.detach() if ctx.in_place else torch.empty_like(logits)
+        for start in range(0, logits.shape[0], ctx.step):
+            stop = start + ctx.step
+            log_p = logits[start:stop].float() / ctx.temperature - lse[start:stop].unsqueeze(-1)
+            probs = torch.exp(log_p)
+            chunk = torch.zeros_like(probs)
+            if grad is not None:
+                g = grad[start:stop].float().unsqueeze(-1)
+                chunk -= probs * g
+                chunk.scatter_add_(-1, targets[start:stop].unsqueeze(-1), g)
+            if grad_entropy is not None:
+                ge = grad_entropy[start:stop].float().unsqueeze(-1)
+                chunk -= ge * probs * (log_p + entropy[start:stop].unsqueeze(-1))
+            out[start:stop] = (chunk / ctx.temperature).to(out.dtype)
+        return out, None, None, None, None
+
+
+def token_logprobs_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float, *, in_place: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`token_logprobs` and the entropy ``H = −Σ_v p_v log p_v`` of ``softmax(logits / T)`` per position.
+
+    Both are float32 with the shape of ``targets``; gradients flow to ``logits`` from either (the entropy
+    bonus of the trainer's loss). The same chunking: no ``[tokens, vocab]`` float32 copy is kept.
+    """
+    temperature = check_temperature(temperature)
+    shape = targets.shape
+    vocab = logits.shape[-1]
+    flat, ids = logits.reshape(-1, vocab), targets.reshape(-1).long()
+    step = max(1, CHUNK_ELEMENTS // max(1, vocab))
+    if torch.is_grad_enabled() and flat.requires_grad:
+        values, entropy = _ChunkedLogProbsEntropy.apply(flat, ids, temperature, step, in_place)
+    else:
+        values, entropy, _ = _forward_entropy(flat, ids, temperature, step)
+    return values.reshape(shape), entropy.reshape(shape)
+
+
 def full_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
     """The straightforward form, ``log_softmax(logits.float() / T).gather(targets)``, all at once.
 

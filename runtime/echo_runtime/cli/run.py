@@ -95,8 +95,11 @@ def run(
         "wallClockSeconds",
         "maxObservedStaleness",
         "droppedStale",
+        "filteredGroups",
         "rolloutsPerSecond",
         "trainerBusyFraction",
     )
     click.echo(json.dumps({k: summary.get(k) for k in keys}, indent=2))
+    for message in summary.get("warnings") or []:
+        click.echo(f"warning: {message}", err=True)
     click.echo(f"summary, metrics and plots in {run_dir or Path('runs') / summary['job']}")

@@ -47,6 +47,10 @@ class CoordinatorConfig:
     rate_window: float = 30.0
     """Seconds over which rollouts/s are averaged."""
     seed: int = 0
+    dynamic_sampling: bool = False
+    """Keep groups whose rewards are all equal out of batches (:mod:`.signal`)."""
+    set_aside_after: int = 2
+    """Dynamic sampling: skip once a prompt whose last this-many groups were all filtered."""
     pacing: bool = True
     """Lease only what can still be consumed within the bound (:func:`echo_runtime.staleness.lease_floor`).
     Off (``--no-pacing``) only to measure what pacing saves: tasks are then tagged ``t_train − bound``
@@ -106,6 +110,8 @@ class CoordinatorConfig:
             top_p=algo.sampling.top_p,
             max_new_tokens=algo.sampling.max_new_tokens,
             seed=algo.seed,
+            dynamic_sampling=algo.objective().dynamic_sampling,
+            set_aside_after=algo.dynamic_sampling.set_aside_after,
             lease_timeout=lease_timeout,
             heartbeat_interval=heartbeat_interval,
             task_timeout=task_timeout,

@@ -169,6 +169,28 @@ class StateCollector(Collector):
         )
         if counts.last_reward is not None:
             yield gauge("reward", "Mean verified reward of the last batch.", counts.last_reward)
+        watch = s.signal
+        yield counter(
+            "groups_filtered",
+            "Groups kept out of batches by dynamic sampling (equal rewards).",
+            watch.filtered_groups,
+        )
+        yield counter(
+            "prompts_set_aside",
+            "Prompts skipped once because their groups were all filtered.",
+            watch.set_aside_prompts,
+        )
+        yield gauge(
+            "no_signal_batches",
+            "Consecutive batches in which no group's rewards differed (nothing learned).",
+            watch.no_signal_batches,
+        )
+        if watch.signal_fraction is not None:
+            yield gauge(
+                "signal_fraction",
+                "Fraction of the last 64 groups whose rewards differed.",
+                watch.signal_fraction,
+            )
 
         workers = GaugeMetricFamily(
             _PREFIX + "workers", "Registered workers per pool.", labels=["job", "pool"]

@@ -58,6 +58,9 @@ class Pacing:
         """(version, when) of the trainer's first request for the batch it waits for now."""
         self._fastest: tuple[float, float | None] = (-math.inf, None)
         """(when computed, the fastest live worker's group seconds): refreshed at most once a second."""
+        self.keep = 1.0
+        """How much of a group a leased task is expected to yield: 1, or with dynamic sampling the
+        fraction of groups kept (:mod:`.signal`)."""
 
     # ------------------------------------------------------------------------------------- decisions
     def floor(self, position: int, at: Versions) -> int:
@@ -74,7 +77,9 @@ class Pacing:
         if self.config.pacing and self.typical_group_seconds is not None:
             late = now - staleness.STRAGGLER_FACTOR * self.typical_group_seconds
             stragglers = ledger.leased_before(late)
-        return staleness.ahead(ledger.buffered, ledger.leased, stragglers)
+        if self.keep >= 1.0:
+            return staleness.ahead(ledger.buffered, ledger.leased, stragglers)
+        return ledger.buffered + math.ceil(max(0, ledger.leased - stragglers) * self.keep)
 
     def need(self, ledger: buffer.TaskLedger[Any, Any], at: Versions, now: float) -> int:
         """The oldest version a worker's next task accepts, at most ``published``: in Async the floor of
@@ -100,6 +105,8 @@ class Pacing:
         room = staleness.lease_room(
             at.next_step, ahead, self.config.batch_size, self.config.policy, at.published
         )
+        if self.keep < 1.0:
+            room = math.floor(room / self.keep)  # tasks, of which ``keep`` become groups
         budget = staleness.time_budget(
             self.pace_seconds(now, at), at.next_step, at.published, self.config.policy
         )

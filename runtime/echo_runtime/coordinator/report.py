@@ -82,4 +82,9 @@ def status_document(coordinator: state.CoordinatorState, now: float, wall_now: f
             )
             for q in coordinator.quarantined.records.values()
         ],
+        filtered_groups=coordinator.signal.filtered_groups,
+        set_aside_prompts=coordinator.signal.set_aside_prompts,
+        signal_fraction=coordinator.signal.signal_fraction,
+        no_signal_batches=coordinator.signal.no_signal_batches,
+        warnings=coordinator.signal.warnings(),
     )

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import secrets
 from collections.abc import Iterator, Sequence
 
@@ -65,6 +66,7 @@ from echo_runtime.coordinator import (
     pacing,
     quarantine,
     roster,
+    signal,
     trust,
     wire,
 )
@@ -116,6 +118,9 @@ class CoordinatorState:
         self.pacing = pacing.Pacing(config)
         self.handout = handout.Handout()
         self.counters = counters.Counters(rate=counters.RateWindow(config.rate_window, now))
+        self.signal = signal.SignalWatch(
+            dynamic_sampling=config.dynamic_sampling, set_aside_after=config.set_aside_after
+        )
 
     @staticmethod
     def default_prompts(
@@ -226,7 +231,9 @@ class CoordinatorState:
         at = self.versions()
         ahead = self.pacing.ahead(self.ledger, now)
         want = self.pacing.paced(want, worker, ahead, at, now, self.roster.workers.values())
-        floors = [self.pacing.floor(ahead + i, at) for i in range(max(0, want))]
+        floors = [
+            self.pacing.floor(ahead + math.floor(i * self.pacing.keep), at) for i in range(max(0, want))
+        ]
         for _ in range(min(self.ledger.room(), max(0, len(floors) - self.ledger.pending))):
             if not self._new_task():
                 break
@@ -262,6 +269,8 @@ class CoordinatorState:
     def _new_task(self) -> bool:
         """Draw the next prompt into a new pending task; False once the task's stream is exhausted."""
         problem = next(self._prompts, None)
+        while problem is not None and self.signal.set_aside(problem.id):
+            problem = next(self._prompts, None)
         if problem is None:
             return False
         self.ledger.add(self._task_id(), handout.TaskPayload(problem))
@@ -336,11 +345,32 @@ class CoordinatorState:
             return wire.SubmitReply(
                 outcome="dropped", rewards=values, staleness=verdict.staleness, reason=verdict.reason
             )
+        if not self.signal.completed(prepared.problem.id, values):
+            self.ledger.discard(task_id, worker_id)  # its prompt had nothing to teach: not re-queued
+            self._plan_for_filter()
+            return wire.SubmitReply(
+                outcome="dropped",
+                rewards=values,
+                staleness=verdict.staleness,
+                reason="filtered: every reward of the group is equal (dynamic sampling)",
+            )
+        self._plan_for_filter()
         self.ledger.complete(task_id, worker_id, rollout.Group(scored, id=task_id, worker=worker_id), version)
         worker.overdue = 0
         worker.rate.add(now, len(scored))
         self.counters.accepted(len(scored), now)
         return wire.SubmitReply(outcome="buffered", rewards=values, staleness=verdict.staleness)
+
+    def _plan_for_filter(self) -> None:
+        """Dynamic sampling (Async): a leased task yields a group only ``keepRate`` of the time, so pacing
+        counts it as that much of a group and the buffer bounds ``bufferSize ÷ keepRate`` outstanding
+        tasks (:mod:`.signal`). Sequential rounds refill themselves: a filtered task frees its place."""
+        if not self.config.dynamic_sampling:
+            return
+        keep = self.signal.planning_keep
+        self.pacing.keep = keep
+        if not self.sequential:
+            self.ledger.capacity = math.ceil(self.config.buffer_capacity / keep)
 
     def _duplicate(self, worker: roster.WorkerRecord, task_id: str, now: float) -> wire.SubmitReply | None:
         outcome = self.ledger.outcome(task_id)
@@ -475,6 +505,7 @@ class CoordinatorState:
         for group in groups:
             self.counters.consumed(group.staleness, group.importance_weighted)
         self.counters.handed([r.reward for g in groups for r in g.rollouts])
+        self.signal.handed([[r.reward for r in g.rollouts] for g in groups])
         return self.handout.hand(version, entries, groups)
 
     def _withdraw(self, withdrawal: handout.Withdrawal) -> None:

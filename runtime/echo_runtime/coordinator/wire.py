@@ -375,6 +375,16 @@ class StatusDocument(WireModel):
     pools: dict[str, PoolSummary]
     quarantined: list[QuarantinedWorker] = Field(default_factory=list)
     """Workers the trainer quarantined, for the job's life."""
+    filtered_groups: int = 0
+    """Groups kept out of batches by dynamic sampling (every reward equal); their prompts are not re-queued."""
+    set_aside_prompts: int = 0
+    """Prompts skipped once by dynamic sampling because their last groups were all filtered."""
+    signal_fraction: float | None = None
+    """Fraction of the last 64 completed groups whose rewards differed (None before the first)."""
+    no_signal_batches: int = 0
+    """Consecutive batches handed to the trainer in which no group's rewards differed."""
+    warnings: list[str] = Field(default_factory=list)
+    """Problems a user should see: a job that learns nothing, one whose groups are nearly all filtered."""
 
 
 class Health(WireModel):

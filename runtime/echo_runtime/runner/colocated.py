@@ -48,6 +48,7 @@ import torch
 
 from echo_runtime import rollout, spec, staleness
 from echo_runtime.backends import base as backend_base
+from echo_runtime.coordinator import signal
 from echo_runtime.runner import console, cpus, local, memory, metrics
 from echo_runtime.tasks import base as tasks_base
 
@@ -131,9 +132,16 @@ def sample_batch(
 
 
 def status_record(
-    job: spec.ResolvedJob, version: int, consumed: int, rps: float, reward: float | None, now: float
+    job: spec.ResolvedJob,
+    version: int,
+    consumed: int,
+    rps: float,
+    reward: float | None,
+    now: float,
+    watch: signal.SignalWatch | None = None,
 ) -> dict[str, Any]:
     """A ``status`` record shaped like the coordinator's status document (docs/contracts.md)."""
+    watch = watch if watch is not None else signal.SignalWatch()
     return {
         "kind": "status",
         "time": now,
@@ -151,7 +159,49 @@ def status_record(
         "reward": reward,
         "workers": [],
         "pools": {},
+        "filteredGroups": watch.filtered_groups,
+        "setAsidePrompts": 0,
+        "signalFraction": watch.signal_fraction,
+        "noSignalBatches": watch.no_signal_batches,
+        "warnings": watch.warnings(),
     }
+
+
+MAX_SAMPLING_ROUNDS = 10
+"""Dynamic sampling: most rounds of ``batchSize`` prompts sampled for one batch (the DAPO recipe's
+``max_num_gen_batches``); after them the step trains on what it has."""
+
+
+def sample_filtered(
+    backend: Any,
+    model: Any,
+    problems: Iterator[tasks_base.Problem],
+    task: tasks_base.Task,
+    algorithm: spec.Algorithm,
+    version: int,
+    watch: signal.SignalWatch,
+) -> rollout.Batch:
+    """One batch of ``batchSize`` groups at ``version``. With dynamic sampling, groups whose rewards are
+    all equal are filtered (counted by ``watch``) and more prompts sampled, up to
+    :data:`MAX_SAMPLING_ROUNDS` rounds; if no group had signal by then, the last round's groups are
+    trained on (zero gradient) and the status warns."""
+    kept: list[rollout.Group] = []
+    last: rollout.Batch | None = None
+    rounds = MAX_SAMPLING_ROUNDS if watch.dynamic_sampling else 1
+    for round_ in range(rounds):
+        chosen = list(itertools.islice(problems, algorithm.batch_size))
+        if len(chosen) < algorithm.batch_size:
+            raise local.RunError(f"task {task.name!r} ran out of training prompts at version {version}")
+        last = sample_batch(backend, model, chosen, task, algorithm, version)
+        for problem, group in zip(chosen, last.groups, strict=True):
+            if watch.completed(problem.id, [r.reward for r in group.rollouts]):
+                kept.append(group if round_ == 0 else dataclasses.replace(group, id=f"{group.id}-r{round_}"))
+        if len(kept) >= algorithm.batch_size:
+            break
+    assert last is not None
+    if not kept:
+        return last
+    return rollout.Batch(version=version, groups=tuple(kept[: algorithm.batch_size]))
 
 
 class ColocatedRun(local.LocalRun):
@@ -213,6 +263,7 @@ class ColocatedRun(local.LocalRun):
             log.write(record)
             if record["kind"] == "status":
                 bar.update_to(record["policyVersion"], record, accuracy[0], {})
+                self.show_warnings(record)
             drain_evals()
 
         try:
@@ -286,18 +337,16 @@ def train(
     started = time.time()
     rate = RateWindow(RATE_WINDOW_S, time.monotonic())
     consumed, rollouts, sample_seconds, reward = 0, 0, 0.0, None
-    emit(status_record(job, version, consumed, 0.0, reward, time.time() - t0))
+    watch = signal.SignalWatch(dynamic_sampling=config.objective.dynamic_sampling, set_aside_after=0)
+    emit(status_record(job, version, consumed, 0.0, reward, time.time() - t0, watch))
     with tempfile.TemporaryDirectory(prefix="echorl-colocated-") as scratch:
         while version < max_steps:
-            chosen = list(itertools.islice(problems, algorithm.batch_size))
-            if len(chosen) < algorithm.batch_size:
-                raise local.RunError(f"task {task.name!r} ran out of training prompts at version {version}")
             sampling_started = time.perf_counter()
-            batch = sample_batch(backend, trainer.policy.model, chosen, task, algorithm, version)
+            batch = sample_filtered(backend, trainer.policy.model, problems, task, algorithm, version, watch)
             sampled = time.perf_counter() - sampling_started
             sample_seconds += sampled
             rate.add(time.monotonic(), len(batch.rollouts))
-            plan = step.plan_step(batch, rule)
+            plan = step.plan_step(batch, rule, config.objective)
             if plan.dropped:  # impossible by construction; the rule is applied so that a bug cannot hide
                 raise trainer_loop.staleness_error(plan)
             result = step.train_step(trainer.policy, trainer.optimizer, plan, config)
@@ -318,7 +367,12 @@ def train(
             reward = plan.reward_mean
             record = trainer_loop.metrics_record(result, timings)
             emit({**record, "time": float(record["unixTime"]) - t0})
-            emit(status_record(job, version, consumed, rate.rate(time.monotonic()), reward, time.time() - t0))
+            watch.handed([[r.reward for r in g.rollouts] for g in batch.groups])
+            emit(
+                status_record(
+                    job, version, consumed, rate.rate(time.monotonic()), reward, time.time() - t0, watch
+                )
+            )
             timing(
                 {
                     "event": "sample",

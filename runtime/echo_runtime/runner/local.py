@@ -124,6 +124,8 @@ class LocalRun:
         self.source = job_path
         self.options = options
         self.echo = echo
+        self._warned: set[str] = set()
+        """The status document's warnings already printed (by their first words)."""
         self.manifest = run_manifest(job_path, options.seed)
         """The text of the manifest every process reads (``run-dir/job.yaml``): the user's, seeded."""
         self.job = spec.load_job(job_path) if options.seed is None else _load_text(self.manifest, job_path)
@@ -398,6 +400,7 @@ class LocalRun:
                     doc = status_client.status().model_dump(by_alias=True, mode="json")
                     log.write({"kind": "status", "time": now, **doc})
                     bar.update_to(doc["policyVersion"], doc, accuracy, self.restarts.counts())
+                    self.show_warnings(doc)
                 self.memory.sample(memory.group_ids(self.procs.children))
                 for record in self._tail(self.dir / "eval.jsonl"):
                     log.write(record)
@@ -420,6 +423,14 @@ class LocalRun:
             bar.close()
             status_client.close()
             log.close()
+
+    def show_warnings(self, doc: dict[str, Any]) -> None:
+        """Print each warning of a status document once, when it appears (again after it cleared)."""
+        current = {str(w).split(":", 1)[0]: str(w) for w in doc.get("warnings") or []}
+        for key, message in current.items():
+            if key not in self._warned:
+                self.echo(f"warning: {message}")
+        self._warned = set(current)
 
     def _finished(self, child: Child) -> bool:
         """An exit that is the end of the process's work, not a failure."""

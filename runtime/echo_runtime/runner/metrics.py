@@ -71,6 +71,8 @@ COUNTERS = (
     "requeuedPrompts",
     "verifierTimeouts",
     "verifierErrors",
+    "filteredGroups",
+    "setAsidePrompts",
 )
 """Coordinator status counters that a restart resets (summed over its incarnations)."""
 
@@ -102,6 +104,15 @@ def coordinator_totals(status: list[Record]) -> dict[str, Any]:
     return totals
 
 
+def warnings_seen(status: list[Record]) -> list[str]:
+    """Every kind of warning the status documents carried during the run, each with its last message."""
+    last: dict[str, str] = {}
+    for record in status:
+        for message in record.get("warnings") or []:
+            last[str(message).split(":", 1)[0]] = str(message)
+    return [last[k] for k in sorted(last)]
+
+
 def summarise(records: Iterable[Record], target_accuracy: float | None = None) -> dict[str, Any]:
     """The run's summary: progress, accuracy, throughput and the staleness actually consumed."""
     records = list(records)
@@ -126,6 +137,7 @@ def summarise(records: Iterable[Record], target_accuracy: float | None = None) -
         "initialHeldoutAccuracy": evals[0]["heldoutAccuracy"] if evals else None,
         "finalHeldoutAccuracy": evals[-1]["heldoutAccuracy"] if evals else None,
         "bestHeldoutAccuracy": max((e["heldoutAccuracy"] for e in evals), default=None),
+        "warnings": warnings_seen(status),
         "evaluations": [
             {k: e.get(k) for k in ("policyVersion", "heldoutAccuracy", "heldoutReward", "publishedAt")}
             for e in evals

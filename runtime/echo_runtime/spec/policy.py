@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
+from echo_runtime.spec import objectives
 from echo_runtime.spec.base import LOCAL_DEFAULT, Bool, Int, Number, SpecModel, cel
 from echo_runtime.spec.dataset import Dataset
 
@@ -124,8 +125,50 @@ class Sampling(SpecModel):
     """Longest completion, in tokens."""
 
 
+class RolloutCorrection(SpecModel):
+    """Correction of the gap between the behaviour policy ``μ`` (the backend that sampled) and ``π_θ``."""
+
+    level: objectives.ImportanceLevel = "Token"
+    """``Token``: each token's importance weight ``π_θ/μ`` is truncated at ``importanceWeightCap``
+    (PPO's clip acts on that ratio); ``Sequence``: every token of a completion is weighted by
+    ``min(Π_t π_θ/μ, importanceWeightCap)``, the sequence-level truncated IS weight."""
+    rejection: objectives.Rejection = "Off"
+    """Mask out of the loss the tokens (``Token``) or whole completions (``Sequence``, by the geometric
+    mean of their ratios) whose ratio ``π_θ/μ`` lies outside ``[rejectionLow, rejectionHigh]`` (IcePop).
+    A masked token keeps its place in the averaging, with loss 0."""
+    rejection_low: Number = Field(default=0.5, gt=0, le=1)
+    """Lower edge of the band."""
+    rejection_high: Number = Field(default=5.0, ge=1)
+    """Upper edge of the band (the defaults are IcePop's ``[0.5, 5]``)."""
+
+
+class Overlong(SpecModel):
+    """What happens to a completion that the length budget ``maxNewTokens`` cut off."""
+
+    mask_truncated: Bool | None = None
+    """Leave completions whose finish reason is ``length`` out of the loss (their advantages still count in
+    their group's statistics). Unset: the preset's (off)."""
+    buffer: Int | None = Field(default=None, ge=0)
+    """DAPO's soft overlong punishment: over the last ``buffer`` tokens of the budget the reward falls
+    linearly by up to ``penaltyFactor``; 0 turns it off. Unset: the preset's (20 % of ``maxNewTokens``
+    for DAPO, else 0)."""
+    penalty_factor: Number | None = Field(default=None, ge=0)
+    """The penalty at the budget itself. Unset: the preset's (1.0)."""
+
+
+class DynamicSampling(SpecModel):
+    """DAPO's dynamic sampling: groups whose rewards are all equal are kept out of batches."""
+
+    enabled: Bool | None = None
+    """Filter groups without signal (every reward equal) before they reach a batch; counted as
+    ``filteredGroups``. Unset: the preset's (on for DAPO)."""
+    set_aside_after: Int = Field(default=2, ge=0)
+    """A prompt whose last this-many groups were all filtered is skipped once, the next time the prompt
+    stream offers it (counted as ``setAsidePrompts``); 0 never sets a prompt aside."""
+
+
 class Algorithm(SpecModel):
-    """GRPO with a PPO-clip loss on the ratio to the behaviour policy."""
+    """The RL objective (a named preset, overridable field by field) and the optimizer's settings."""
 
     model_config = ConfigDict(
         json_schema_extra=cel(
@@ -138,8 +181,10 @@ class Algorithm(SpecModel):
         )
     )
 
-    name: Literal["GRPO"] = "GRPO"
-    """The algorithm; GRPO is the one implemented."""
+    preset: objectives.Preset = "GRPO"
+    """A published recipe: ``GRPO`` (the default), ``DAPO``, ``DrGRPO``, ``GSPO``, ``CISPO``, ``RLOO`` or
+    ``REINFORCEPP``. Every objective field below left unset takes the preset's value (docs/algorithms.md
+    lists them, with the matching verl and TRL keys)."""
     group_size: Int = Field(default=8, ge=2, le=1024)
     """n: completions sampled per prompt; advantages are normalised within a group."""
     batch_size: Int = Field(default=8, ge=1, le=65_536)
@@ -155,12 +200,55 @@ class Algorithm(SpecModel):
     same curve."""
     min_learning_rate: Number = Field(default=0.0, ge=0, le=1)
     """Where ``Linear`` and ``Cosine`` end; must not exceed ``learningRate``; unused by ``Constant``."""
-    clip_range: Number = Field(default=0.2, gt=0, le=1)
-    """ε of the PPO-clip objective."""
-    kl_coef: Number = Field(default=0.0, ge=0)
-    """β of the KL penalty to the reference (base) policy; 0 disables it."""
+    advantage_estimator: objectives.AdvantageEstimator | None = None
+    """``GRPO``: reward minus the group mean; ``RLOO``: minus the mean of the *other* rollouts of the group;
+    ``REINFORCEPP``: the reward itself, normalised over the batch; ``REINFORCEPPBaseline``: minus the
+    group mean, then normalised over the batch. Unset: the preset's."""
+    reward_scaling: objectives.RewardScaling | None = None
+    """What GRPO and RLOO advantages are divided by: ``Group`` (the group's std), ``Batch`` (the std of
+    all rewards of the batch) or ``Off`` (nothing: Dr. GRPO). The REINFORCE++ estimators normalise over
+    the batch themselves and take ``Batch`` only. Unset: the preset's."""
+    policy_loss: objectives.PolicyLoss | None = None
+    """``PPO`` (the clipped token ratio, asymmetric and dual clip allowed), ``GSPO`` (the length-normalised
+    sequence ratio, clipped per sequence) or ``CISPO`` (a clipped, stop-gradient weight on a REINFORCE
+    term: every token keeps its gradient). Unset: the preset's."""
+    clip_range: Number | None = Field(default=None, gt=0, le=1)
+    """ε of the clip, both sides (``clipRangeLow``/``clipRangeHigh`` override a side). Unset: the
+    preset's (0.2 for GRPO)."""
+    clip_range_low: Number | None = Field(default=None, gt=0, le=1)
+    """ε_low: the ratio is clipped below at ``1 − ε_low``; 1 leaves it unbounded below (CISPO)."""
+    clip_range_high: Number | None = Field(default=None, gt=0, le=100)
+    """ε_high: the ratio is clipped above at ``1 + ε_high`` (DAPO's clip-higher: 0.28)."""
+    dual_clip: Number | None = Field(default=None, gt=1)
+    """Dual-clip constant ``c`` (Ye et al. 2020; verl's ``clip_ratio_c``, 3 by default there): a token with
+    a negative advantage whose ratio exceeds ``c`` is clipped at ``c·A`` and gives no gradient. Unset: off."""
+    loss_aggregation: objectives.LossAggregation | None = None
+    """How token losses become the batch loss: ``TokenMean`` (over every token of the batch),
+    ``SequenceMeanTokenMean`` (each sequence's mean, then the mean over sequences),
+    ``SequenceMeanTokenSum`` (each sequence's sum, then the mean) or ``SequenceMeanTokenSumNorm`` (each
+    sequence's sum divided by the constant ``maxNewTokens``, then the mean: Dr. GRPO). Unset: the preset's."""
+    kl_coef: Number | None = Field(default=None, ge=0)
+    """β of the KL term to the reference (base) policy; 0 disables it. Unset: the preset's (0 but for
+    REINFORCEPP)."""
+    kl_estimator: objectives.KLEstimator | None = None
+    """``k1`` (``log π − log π_ref``), ``k2`` (half its square), ``k3`` (``e^δ − 1 − δ``) or ``LowVarKL``
+    (k3 clamped as verl's ``low_var_kl``). Unset: the preset's (k3)."""
+    kl_placement: objectives.KLPlacement | None = None
+    """``Loss`` (``β·KL`` per token in the loss) or ``Reward`` (``β·Σ_t KL`` of the behaviour policy
+    subtracted from each completion's reward before advantages). Unset: the preset's."""
+    entropy_coef: Number = Field(default=0.0, ge=0)
+    """An entropy bonus: ``coef · H(π_θ(·|context))`` per token is subtracted from the loss. Entropy is
+    recorded every step whatever this is."""
     importance_weight_cap: Number = Field(default=2.0, ge=1)
-    """Truncation cap of per-token importance weights for stale or mismatched rollouts."""
+    """C: the truncation cap of importance weights for stale or mismatched rollouts (per token, or per
+    sequence with ``rolloutCorrection.level: Sequence``)."""
+    rollout_correction: RolloutCorrection = Field(default_factory=RolloutCorrection)
+    """Train/inference mismatch correction: the level of the truncated importance weights and optional
+    rejection of tokens or sequences whose ratio leaves a band."""
+    overlong: Overlong = Field(default_factory=Overlong)
+    """Completions cut by ``maxNewTokens``: masked out of the loss, or DAPO's soft penalty."""
+    dynamic_sampling: DynamicSampling = Field(default_factory=DynamicSampling)
+    """DAPO's dynamic sampling: the coordinator keeps groups without signal out of batches."""
     max_steps: Int = Field(default=100, ge=1)
     """Optimizer steps (policy versions) to train."""
     sampling: Sampling = Field(default_factory=Sampling)
@@ -178,7 +266,70 @@ class Algorithm(SpecModel):
             raise ValueError(
                 f"minLearningRate: must be ≤ learningRate ({self.learning_rate:g}), got {self.min_learning_rate:g}"
             )
+        resolved = self.objective()
+        if resolved.advantage_estimator.startswith("REINFORCEPP") and resolved.reward_scaling != "Batch":
+            raise ValueError(
+                f"rewardScaling: the {resolved.advantage_estimator} estimator normalises over the batch itself; "
+                f"leave rewardScaling unset or Batch, got {resolved.reward_scaling}"
+            )
+        if resolved.policy_loss != "PPO" and resolved.importance_level == "Sequence":
+            raise ValueError(
+                f"rolloutCorrection.level: {resolved.policy_loss} brings its own importance weight; Sequence "
+                "applies to PPO only, use Token"
+            )
+        if resolved.policy_loss == "GSPO" and resolved.rejection == "Token":
+            raise ValueError(
+                "rolloutCorrection.rejection: GSPO weighs whole sequences; use Sequence or Off, got Token"
+            )
+        if resolved.overlong_buffer > self.sampling.max_new_tokens:
+            raise ValueError(
+                f"overlong.buffer: must be ≤ sampling.maxNewTokens ({self.sampling.max_new_tokens}), "
+                f"got {resolved.overlong_buffer}"
+            )
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "name" in data:
+            raise ValueError(
+                f"name: replaced by preset (one of {', '.join(objectives.PRESETS)}); write preset: {data['name']}"
+            )
+        return data
+
+    def objective(self) -> objectives.Objective:
+        """Every objective setting, resolved: the manifest's field where set, else the preset's."""
+        values: dict[str, Any] = {
+            "preset": self.preset,
+            "length_budget": self.sampling.max_new_tokens,
+            "importance_weight_cap": self.importance_weight_cap,
+            "entropy_coef": self.entropy_coef,
+            "importance_level": self.rollout_correction.level,
+            "rejection": self.rollout_correction.rejection,
+            "rejection_low": self.rollout_correction.rejection_low,
+            "rejection_high": self.rollout_correction.rejection_high,
+            "dual_clip": self.dual_clip,
+        }
+        values.update(objectives.preset_values(self.preset, self.sampling.max_new_tokens))
+        explicit = {
+            "advantage_estimator": self.advantage_estimator,
+            "reward_scaling": self.reward_scaling,
+            "policy_loss": self.policy_loss,
+            "clip_low": self.clip_range_low if self.clip_range_low is not None else self.clip_range,
+            "clip_high": self.clip_range_high if self.clip_range_high is not None else self.clip_range,
+            "loss_aggregation": self.loss_aggregation,
+            "kl_coef": self.kl_coef,
+            "kl_estimator": self.kl_estimator,
+            "kl_placement": self.kl_placement,
+            "mask_truncated": self.overlong.mask_truncated,
+            "overlong_buffer": self.overlong.buffer,
+            "overlong_penalty": self.overlong.penalty_factor,
+            "dynamic_sampling": self.dynamic_sampling.enabled,
+        }
+        values.update({k: v for k, v in explicit.items() if v is not None})
+        if self.dual_clip is not None:
+            values["dual_clip"] = self.dual_clip
+        return objectives.Objective(**values)
 
 
 class Retention(SpecModel):

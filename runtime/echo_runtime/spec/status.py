@@ -19,7 +19,14 @@ _MAP_BY_TYPE: dict[str, Any] = {"x-kubernetes-list-type": "map", "x-kubernetes-l
 _MAP_BY_NAME: dict[str, Any] = {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]}
 
 ConditionType = Literal[
-    "Ready", "Progressing", "StalenessBounded", "Degraded", "Suspended", "Succeeded", "Failed"
+    "Ready",
+    "Progressing",
+    "StalenessBounded",
+    "LearningSignal",
+    "Degraded",
+    "Suspended",
+    "Succeeded",
+    "Failed",
 ]
 
 
@@ -27,7 +34,8 @@ class Condition(SpecModel):
     """One observation of the object's state."""
 
     type: str
-    """Condition type: Ready, Progressing, StalenessBounded, Degraded, Suspended, Succeeded or Failed."""
+    """Condition type: Ready, Progressing, StalenessBounded, LearningSignal, Degraded, Suspended, Succeeded
+    or Failed."""
     status: Literal["True", "False", "Unknown"]
     """Whether the condition holds."""
     reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", max_length=1024)
@@ -109,7 +117,8 @@ class EchoJobStatus(SpecModel):
     restarts: int = 0
     """Trainer failures counted against ``spec.backoffLimit`` (each restarted every rank)."""
     conditions: list[Condition] = Field(default_factory=list, json_schema_extra=_MAP_BY_TYPE)
-    """Ready, Progressing, StalenessBounded, Degraded, Suspended; Succeeded or Failed at the end."""
+    """Ready, Progressing, StalenessBounded, LearningSignal, Degraded, Suspended; Succeeded or Failed at the
+    end."""
 
 
 class SwarmStatus(SpecModel):

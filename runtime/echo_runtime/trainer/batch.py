@@ -31,6 +31,13 @@ class Slot:
     :mod:`echo_runtime.trainer.loss` applies."""
     filler: bool = False
     """A zero-weight copy that keeps ranks in step (see :func:`shard`); it contributes nothing."""
+    masked: bool = False
+    """Left out of the loss (a completion the length budget cut, with ``overlong.maskTruncated``): its
+    reward counted in its group's advantages, its tokens count nowhere."""
+    reward: float = 0.0
+    """The reward its advantage was computed from: the task's, plus any overlong penalty."""
+    token_advantages: tuple[float, ...] | None = None
+    """One advantage per model token (REINFORCE++ with the KL in the reward), overriding ``advantage``."""
 
 
 def shard(slots: Sequence[Slot], rank: int, world_size: int) -> list[Slot]:

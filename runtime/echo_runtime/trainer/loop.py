@@ -253,7 +253,7 @@ def run(
                     step_seconds=own_seconds,
                 )
                 waited = time.perf_counter() - waited
-                plan = step.plan_step(batch, policy_rule)
+                plan = step.plan_step(batch, policy_rule, config.objective)
                 _check_plan(plan)
                 began = time.perf_counter()
                 if main and options.overlap_io and version + 1 < max_steps:
@@ -373,7 +373,7 @@ class Trainer:
             spec.model,
             spec.task,
             device=world.device,
-            with_reference=spec.algorithm.kl_coef > 0 and spec.model.finetune == "Full",
+            with_reference=spec.algorithm.objective().kl_coef > 0 and spec.model.finetune == "Full",
             model_dir=path,
             gradient_checkpointing=spec.algorithm.gradient_checkpointing,
         )
@@ -655,7 +655,15 @@ def metrics_record(
         "loss": metrics.loss,
         "kl": metrics.kl,
         "clipFraction": metrics.clip_fraction,
+        "clipFractionLow": metrics.clip_fraction_low,
+        "clipFractionHigh": metrics.clip_fraction_high,
+        "dualClipFraction": metrics.dual_clip_fraction,
         "truncatedFraction": metrics.truncated_fraction,
+        "rejectedFraction": metrics.rejected_fraction,
+        "entropy": metrics.entropy,
+        "zeroSignalGroups": metrics.zero_signal_groups,
+        "maskedRollouts": metrics.masked_rollouts,
+        "rewardKl": metrics.reward_kl,
         "importanceWeightMean": metrics.importance_weight_mean,
         "importanceWeightMax": metrics.importance_weight_max,
         "rewardMean": metrics.reward_mean,

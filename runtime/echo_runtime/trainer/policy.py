@@ -153,6 +153,20 @@ def completion_logprobs(module: torch.nn.Module, packed: Packed, temperature: fl
     return torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(mask, values)
 
 
+def completion_logprobs_entropy(
+    module: torch.nn.Module, packed: Packed, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`completion_logprobs` and each completion position's entropy (``[rows, completion]``, 0 on
+    padding), from the same forward pass; gradients flow from both."""
+    mask = packed.mask.bool()
+    logits = completion_logits(module, packed)
+    values, entropy = shared_logprobs.token_logprobs_entropy(
+        logits, packed.targets[mask], temperature, in_place=True
+    )
+    blank = torch.zeros(mask.shape, dtype=values.dtype, device=values.device)
+    return blank.masked_scatter(mask, values), blank.clone().masked_scatter(mask, entropy)
+
+
 def full_logits_logprobs(module: torch.nn.Module, packed: Packed, temperature: float) -> torch.Tensor:
     """The same log-probs the naive way: every position's logits, a gathered window, one log-softmax.
 

@@ -42,10 +42,17 @@ import torch
 
 from echo_runtime import staleness
 from echo_runtime.rollout import Batch
+from echo_runtime.spec.objectives import Objective
 from echo_runtime.spec.policy import Algorithm
 from echo_runtime.trainer import loss
 from echo_runtime.trainer.batch import Slot, micro_batches
-from echo_runtime.trainer.policy import Packed, TrainablePolicy, completion_logprobs, pack
+from echo_runtime.trainer.policy import (
+    Packed,
+    TrainablePolicy,
+    completion_logprobs,
+    completion_logprobs_entropy,
+    pack,
+)
 
 MAX_GRAD_NORM = 1.0
 ADAM_BETAS = (0.9, 0.999)
@@ -57,14 +64,12 @@ WEIGHT_DECAY = 0.0
 class StepConfig:
     """The loss and accumulation settings of a step (from the manifest's ``spec.algorithm``)."""
 
-    clip_range: float = 0.2
-    cap: float = 2.0
-    kl_coef: float = 0.0
+    objective: Objective = dataclasses.field(default_factory=Objective)
+    """Advantages, policy loss, aggregation, KL and entropy terms (``spec.algorithm``, resolved)."""
     temperature: float = 1.0
     """The sampling temperature: log-probs are ``log_softmax(logits / T)``, as the backends report them."""
     micro_batch_size: int = 8
     max_grad_norm: float = MAX_GRAD_NORM
-    normalization: loss.Normalization = "token"
     learning_rate: float | None = None
     """The peak rate; None leaves the optimizer's own rate untouched (callers that manage it)."""
     lr_schedule: str = "Constant"
@@ -74,9 +79,7 @@ class StepConfig:
     @classmethod
     def from_algorithm(cls, algorithm: Algorithm) -> StepConfig:
         return cls(
-            clip_range=algorithm.clip_range,
-            cap=algorithm.importance_weight_cap,
-            kl_coef=algorithm.kl_coef,
+            objective=algorithm.objective(),
             temperature=algorithm.sampling.temperature,
             micro_batch_size=algorithm.micro_batch_size,
             learning_rate=algorithm.learning_rate,
@@ -132,13 +135,27 @@ class Plan:
     """Backend names of the admitted rollouts, sorted (fixes the layout of the mismatch metrics)."""
     workers: tuple[tuple[str, int], ...] = ()
     """``(worker id, rollouts)`` of the admitted groups, sorted: whose rollouts this step trains on."""
+    group_sizes: tuple[int, ...] = ()
+    """Rollouts per admitted group, in slot order (the groups' advantages are recomputed from it when
+    the KL is in the reward)."""
+    zero_signal_groups: int = 0
+    """Admitted groups whose rewards were all equal: GRPO and RLOO give them no gradient."""
+    masked_rollouts: int = 0
+    """Admitted rollouts left out of the loss (``overlong.maskTruncated``)."""
+    reward_kl: float | None = None
+    """With the KL in the reward: the mean over rollouts of ``Σ_t k_t`` (before β)."""
 
 
-def plan_step(batch: Batch, policy: staleness.StalenessPolicy) -> Plan:
-    """Admit the groups of ``batch`` at ``batch.version`` with the staleness rule; advantages per group."""
-    slots: list[Slot] = []
+GRPO = Objective()
+"""The default objective (the ``GRPO`` preset)."""
+
+
+def plan_step(batch: Batch, policy: staleness.StalenessPolicy, objective: Objective = GRPO) -> Plan:
+    """Admit the groups of ``batch`` at ``batch.version`` with the staleness rule; shape the rewards
+    (overlong penalty) and compute advantages with the objective's estimator."""
+    o = objective
+    admitted: list[tuple[Any, staleness.Admission]] = []
     dropped: list[Dropped] = []
-    rewards: list[float] = []
     per_worker: dict[str, int] = {}
     weighted = 0
     max_seen: int | None = None
@@ -147,27 +164,85 @@ def plan_step(batch: Batch, policy: staleness.StalenessPolicy) -> Plan:
         if not verdict.consume:
             dropped.append(Dropped(group.id, verdict))
             continue
+        admitted.append((group, verdict))
         weighted += verdict.importance_weighted
         max_seen = verdict.staleness if max_seen is None else max(max_seen, verdict.staleness)
-        group_rewards = [r.reward for r in group.rollouts]
-        advantages = loss.group_advantages(torch.tensor([group_rewards], dtype=torch.float64))[0].tolist()
-        rewards.extend(group_rewards)
         per_worker[group.worker] = per_worker.get(group.worker, 0) + len(group.rollouts)
+    task_rewards = [[r.reward for r in g.rollouts] for g, _ in admitted]
+    shaped = [
+        [
+            r.reward
+            + loss.overlong_penalty(r.model_tokens, o.length_budget, o.overlong_buffer, o.overlong_penalty)
+            for r in g.rollouts
+        ]
+        for g, _ in admitted
+    ]
+    lengths = [[r.model_tokens for r in g.rollouts] for g, _ in admitted]
+    values = (
+        loss.advantages(shaped, o.advantage_estimator, o.reward_scaling, lengths=lengths) if admitted else []
+    )
+    slots: list[Slot] = []
+    for (group, verdict), advantages, rewards in zip(admitted, values, shaped, strict=True):
         slots.extend(
-            Slot(rollout=r, advantage=a, decoupled=verdict.importance_weighted)
-            for r, a in zip(group.rollouts, advantages, strict=True)
+            Slot(
+                rollout=r,
+                advantage=float(a),
+                decoupled=verdict.importance_weighted,
+                masked=o.mask_truncated and r.finish_reason == "length",
+                reward=reward,
+            )
+            for r, a, reward in zip(group.rollouts, advantages, rewards, strict=True)
         )
+    flat = [r for rewards in task_rewards for r in rewards]
     return Plan(
         version=batch.version,
         slots=tuple(slots),
         dropped=tuple(dropped),
-        groups=len(batch.groups) - len(dropped),
+        groups=len(admitted),
         weighted_groups=weighted,
         max_staleness=max_seen,
-        reward_mean=sum(rewards) / len(rewards) if rewards else None,
-        total_tokens=sum(s.rollout.model_tokens for s in slots),
+        reward_mean=sum(flat) / len(flat) if flat else None,
+        total_tokens=sum(s.rollout.model_tokens for s in slots if not s.masked),
         backends=tuple(sorted({s.rollout.backend for s in slots})),
         workers=tuple(sorted(per_worker.items())),
+        group_sizes=tuple(len(g.rollouts) for g, _ in admitted),
+        zero_signal_groups=sum(1 for rewards in shaped if all(r == rewards[0] for r in rewards)),
+        masked_rollouts=sum(s.masked for s in slots),
+    )
+
+
+def with_reward_penalties(plan: Plan, penalties: Sequence[torch.Tensor], objective: Objective) -> Plan:
+    """``plan`` with advantages recomputed after subtracting the per-token KL penalties from the rewards
+    (``klPlacement: Reward``; :func:`echo_runtime.trainer.loss.advantages`). ``penalties[i]`` belongs to
+    ``plan.slots[i]``, one value per model token."""
+    if len(penalties) != len(plan.slots):
+        raise ValueError(f"need one penalty vector per slot ({len(plan.slots)}), got {len(penalties)}")
+    groups: list[list[Slot]] = []
+    grouped: list[list[torch.Tensor]] = []
+    at = 0
+    for size in plan.group_sizes:
+        groups.append(list(plan.slots[at : at + size]))
+        grouped.append(list(penalties[at : at + size]))
+        at += size
+    values = loss.advantages(
+        [[s.reward for s in g] for g in groups],
+        objective.advantage_estimator,
+        objective.reward_scaling,
+        lengths=[[s.rollout.model_tokens for s in g] for g in groups],
+        penalties=grouped,
+    )
+    slots: list[Slot] = []
+    for group, advantages in zip(groups, values, strict=True):
+        for slot, a in zip(group, advantages, strict=True):
+            if isinstance(a, torch.Tensor):
+                mean = float(a.mean()) if a.numel() else 0.0
+                slots.append(dataclasses.replace(slot, advantage=mean, token_advantages=tuple(a.tolist())))
+            else:
+                slots.append(dataclasses.replace(slot, advantage=float(a)))
+    beta = objective.kl_coef
+    totals = [float(p.double().sum()) / beta for p in penalties] if beta > 0 else [0.0] * len(penalties)
+    return dataclasses.replace(
+        plan, slots=tuple(slots), reward_kl=sum(totals) / len(totals) if totals else None
     )
 
 
@@ -223,6 +298,24 @@ class StepMetrics:
     """The rate this step ran at (``lrSchedule``); None when the caller manages the optimizer's rate."""
     workers: dict[str, int] = dataclasses.field(default_factory=dict)
     """Rollouts trained on, per worker id."""
+    clip_fraction_low: float = 0.0
+    """Fraction of completion tokens where the lower clip was active (``A < 0``, ratio below ``1 − ε_low``;
+    for CISPO: weight at its lower bound)."""
+    clip_fraction_high: float = 0.0
+    """Fraction where the upper clip was active (``A > 0``, ratio above ``1 + ε_high``; CISPO: at its upper
+    bound)."""
+    dual_clip_fraction: float = 0.0
+    """Fraction where dual clip was active."""
+    entropy: float = 0.0
+    """Mean over completion tokens of the policy's entropy ``H(π_θ(·|context))`` at the sampling temperature."""
+    rejected_fraction: float = 0.0
+    """Fraction of completion tokens masked by ``rolloutCorrection.rejection``."""
+    zero_signal_groups: int = 0
+    """Groups whose rewards were all equal (no signal for GRPO and RLOO)."""
+    masked_rollouts: int = 0
+    """Rollouts left out of the loss because the length budget cut them (``overlong.maskTruncated``)."""
+    reward_kl: float | None = None
+    """With the KL in the reward: mean over rollouts of ``Σ_t k_t`` to the reference (before β)."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -244,7 +337,10 @@ class Collective:
 SINGLE = Collective()
 
 # Layout of the summed metrics vector (per step) and of the per-backend part.
-_LOSS, _KL, _CLIPPED, _TRUNCATED, _RATIO, _TOKENS, _ROLLOUTS = range(7)
+_LOSS, _KL, _CLIPPED, _TRUNCATED, _RATIO, _TOKENS, _ROLLOUTS, _LOW, _HIGH, _DUAL, _ENTROPY, _REJECTED = range(
+    12
+)
+_SUMS = 12
 _M_TOKENS, _M_ABS, _M_SEQS, _M_KL = range(4)
 
 
@@ -267,43 +363,62 @@ def train_step(
     if not plan.slots:
         raise ValueError(f"nothing to train on at version {plan.version}: every group was dropped")
     started = time.perf_counter()
+    o = config.objective
     net = module if module is not None else policy.model
     world = collective.world_size
+    if o.kl_placement == "Reward" and o.kl_coef > 0:
+        plan = with_reward_penalties(plan, _reward_penalties(policy, plan, config, collective, shard), o)
     mine = shard(plan.slots, collective.rank, world) if shard is not None else list(plan.slots)
     chunks = micro_batches(mine, config.micro_batch_size)
     device = policy.device
     index = {name: i for i, name in enumerate(plan.backends)}
-    sums = torch.zeros(7, dtype=torch.float64)
+    sums = torch.zeros(_SUMS, dtype=torch.float64)
     per_backend = torch.zeros(len(plan.backends), 4, dtype=torch.float64)
     maxima = torch.full((1 + len(plan.backends),), -math.inf, dtype=torch.float64)
-    total_sequences = len(plan.slots)
+    total_sequences = max(1, sum(not s.masked for s in plan.slots))
+    total_tokens = max(1, plan.total_tokens)
+    kl_in_loss = o.kl_coef > 0 and o.kl_placement == "Loss"
     optimizer.zero_grad(set_to_none=True)
     for i, chunk in enumerate(chunks):
         last = i == len(chunks) - 1
         packed = pack([s.rollout for s in chunk], policy.pad_id, device)
-        live = torch.tensor([0.0 if s.filler else 1.0 for s in chunk], device=device).unsqueeze(1)
+        live = torch.tensor([0.0 if s.filler or s.masked else 1.0 for s in chunk], device=device).unsqueeze(1)
         weights = (
-            loss.token_weights(packed.mask, config.normalization, plan.total_tokens, total_sequences) * live
+            loss.token_weights(
+                packed.mask, o.loss_aggregation, total_tokens, total_sequences, o.length_budget
+            )
+            * live
         )
-        advantages = torch.tensor([s.advantage for s in chunk], dtype=torch.float32, device=device)
+        advantages = _advantages(chunk, packed, device)
         decoupled = torch.tensor([s.decoupled for s in chunk], dtype=torch.bool, device=device)
-        ref = policy.reference_logprobs(packed, config.temperature) if config.kl_coef > 0 else None
+        ref = policy.reference_logprobs(packed, config.temperature) if kl_in_loss else None
         with _maybe_no_sync(net, last):
-            logp = completion_logprobs(net, packed, config.temperature)
-            out = loss.grpo_loss(
+            logp, entropy = completion_logprobs_entropy(net, packed, config.temperature)
+            out = loss.policy_objective(
                 logp,
                 packed.behaviour,
                 advantages,
                 weights,
-                clip_range=config.clip_range,
-                cap=config.cap,
-                kl_coef=config.kl_coef,
+                o,
+                mask=packed.mask,
                 ref_logprobs=ref,
                 decoupled=decoupled,
+                entropy=entropy if o.entropy_coef > 0 else None,
             )
             torch.autograd.backward(out.loss * world)
         _accumulate(
-            sums, per_backend, maxima, out, packed, logp.detach(), live, weights, chunk, index, plan.version
+            sums,
+            per_backend,
+            maxima,
+            out,
+            packed,
+            logp.detach(),
+            entropy.detach(),
+            live,
+            weights,
+            chunk,
+            index,
+            plan.version,
         )
     params = policy.trainable_parameters()
     grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
@@ -322,6 +437,51 @@ def train_step(
     return dataclasses.replace(metrics, learning_rate=rate)
 
 
+def _advantages(chunk: Sequence[Slot], packed: Packed, device: torch.device) -> torch.Tensor:
+    """``[rows]`` per-rollout advantages, or ``[rows, completion]`` when some slot has one per token."""
+    per_rollout = torch.tensor([s.advantage for s in chunk], dtype=torch.float32, device=device)
+    if all(s.token_advantages is None for s in chunk):
+        return per_rollout
+    table = per_rollout.unsqueeze(1).expand_as(packed.mask).clone()
+    for row, slot in enumerate(chunk):
+        if slot.token_advantages is not None:
+            where = packed.mask[row].bool()
+            values = torch.tensor(slot.token_advantages, dtype=torch.float32, device=device)
+            table[row] = table[row].masked_scatter(where, values)
+    return table
+
+
+def _reward_penalties(
+    policy: TrainablePolicy,
+    plan: Plan,
+    config: StepConfig,
+    collective: Collective,
+    shard: Callable[[Sequence[Slot], int, int], list[Slot]] | None,
+) -> list[torch.Tensor]:
+    """``β k_t`` per model token of every slot: the trainer's own log-probs at this version (``π_old``,
+    never the worker's) against the reference's, each rank its share, summed over ranks."""
+    o = config.objective
+    n = len(plan.slots)
+    width = max(1, max(s.rollout.model_tokens for s in plan.slots))
+    table = torch.zeros(n, width, dtype=torch.float64)
+    world, rank = collective.world_size, collective.rank
+    mine = list(range(rank, n, world)) if shard is not None and world > 1 else list(range(n))
+    device = policy.device
+    with torch.no_grad():
+        for at in range(0, len(mine), config.micro_batch_size):
+            rows = mine[at : at + config.micro_batch_size]
+            packed = pack([plan.slots[i].rollout for i in rows], policy.pad_id, device)
+            own = completion_logprobs(policy.model, packed, config.temperature)
+            ref = policy.reference_logprobs(packed, config.temperature)
+            penalty = (o.kl_coef * loss.kl_penalty(own, ref, o.kl_estimator)).double().cpu()
+            mask = packed.mask.bool().cpu()
+            for row, i in enumerate(rows):
+                values = penalty[row][mask[row]]
+                table[i, : values.numel()] = values
+    table = collective.sum(table)
+    return [table[i, : plan.slots[i].rollout.model_tokens] for i in range(n)]
+
+
 @contextlib.contextmanager
 def _maybe_no_sync(module: torch.nn.Module, last: bool) -> Iterator[None]:
     no_sync = getattr(module, "no_sync", None)
@@ -336,9 +496,10 @@ def _accumulate(
     sums: torch.Tensor,
     per_backend: torch.Tensor,
     maxima: torch.Tensor,
-    out: loss.GRPOLoss,
+    out: loss.PolicyObjective,
     packed: Packed,
     logp: torch.Tensor,
+    entropy: torch.Tensor,
     live: torch.Tensor,
     weights: torch.Tensor,
     chunk: Sequence[Slot],
@@ -351,26 +512,38 @@ def _accumulate(
     delta = (packed.behaviour - logp).abs().masked_fill(~mask, 0.0)
     k3 = loss.kl_k3(packed.behaviour, logp).masked_fill(~mask, 0.0)  # KL(μ ‖ π_θ) per token, sampled from μ
     kl = (out.kl * weights).sum() if out.kl is not None else torch.zeros((), device=logp.device)
+    sur = out.surrogate
+    none = torch.zeros_like(mask)
+
+    def count(flags: torch.Tensor | None) -> torch.Tensor:
+        return ((flags if flags is not None else none) & mask).sum()
+
     scalars = torch.stack(
         [
             out.loss.detach(),
             kl,
-            (out.surrogate.clipped & mask).sum(),
-            (out.surrogate.truncated & mask).sum(),
+            count(sur.clipped),
+            count(sur.truncated),
             ratio.sum(),
             mask.sum(),
             live.sum(),
+            count(sur.clipped_low),
+            count(sur.clipped_high),
+            count(sur.dual_clipped),
+            entropy.masked_fill(~mask, 0.0).sum(),
+            count(~out.kept),
             ratio.max(),
         ]
     ).double()
     rows = torch.stack([mask.sum(1), delta.sum(1), k3.sum(1), delta.max(1).values], dim=1).double()
     host = torch.cat([scalars, rows.flatten()]).cpu()
-    sums += host[:7]
-    maxima[0] = max(float(maxima[0]), float(host[7]))
+    sums += host[:_SUMS]
+    maxima[0] = max(float(maxima[0]), float(host[_SUMS]))
+    first = _SUMS + 1
     for row, slot in enumerate(chunk):
-        if slot.filler or slot.rollout.policy_version != version:
+        if slot.filler or slot.masked or slot.rollout.policy_version != version:
             continue
-        tokens, abs_sum, kl_sum, abs_max = host[8 + 4 * row : 12 + 4 * row].tolist()
+        tokens, abs_sum, kl_sum, abs_max = host[first + 4 * row : first + 4 + 4 * row].tolist()
         b = index[slot.rollout.backend]
         per_backend[b, _M_TOKENS] += tokens
         per_backend[b, _M_ABS] += abs_sum
@@ -388,7 +561,7 @@ def _metrics(
     config: StepConfig,
     seconds: float,
 ) -> StepMetrics:
-    tokens = float(sums[_TOKENS])
+    tokens = max(1.0, float(sums[_TOKENS]))
     mismatch = {
         name: BackendMismatch(
             sequences=int(per_backend[b, _M_SEQS]),
@@ -403,7 +576,9 @@ def _metrics(
     return StepMetrics(
         version=plan.version + 1,
         loss=float(sums[_LOSS]),
-        kl=float(sums[_KL]) if config.kl_coef > 0 else None,
+        kl=float(sums[_KL])
+        if config.objective.kl_coef > 0 and config.objective.kl_placement == "Loss"
+        else None,
         clip_fraction=float(sums[_CLIPPED]) / tokens,
         truncated_fraction=float(sums[_TRUNCATED]) / tokens,
         importance_weight_mean=float(sums[_RATIO]) / tokens,
@@ -412,11 +587,19 @@ def _metrics(
         grad_norm=grad_norm,
         groups=plan.groups,
         rollouts=int(sums[_ROLLOUTS]),
-        tokens=int(tokens),
+        tokens=int(sums[_TOKENS]),
         dropped_groups=len(plan.dropped),
         weighted_groups=plan.weighted_groups,
         max_staleness=plan.max_staleness,
         mismatch=mismatch,
         seconds=seconds,
         workers=dict(plan.workers),
+        clip_fraction_low=float(sums[_LOW]) / tokens,
+        clip_fraction_high=float(sums[_HIGH]) / tokens,
+        dual_clip_fraction=float(sums[_DUAL]) / tokens,
+        entropy=float(sums[_ENTROPY]) / tokens,
+        rejected_fraction=float(sums[_REJECTED]) / tokens,
+        zero_signal_groups=plan.zero_signal_groups,
+        masked_rollouts=plan.masked_rollouts,
+        reward_kl=plan.reward_kl,
     )

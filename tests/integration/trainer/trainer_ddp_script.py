@@ -21,6 +21,7 @@ from trainer_scripted import ScriptedCoordinator, make_job
 from echo_runtime import staleness
 from echo_runtime.rollout import Batch, Group, Rollout
 from echo_runtime.snapshots import open_store, payloads
+from echo_runtime.spec.objectives import Objective
 from echo_runtime.spec.policy import LoRA, Model
 from echo_runtime.trainer import distributed, loop, step
 from echo_runtime.trainer.batch import shard
@@ -70,7 +71,9 @@ def main(out_dir: str, model_dir: str) -> None:
             batch = world.broadcast(fixed_batch(version, seed=version) if world.is_main else None)
             assert batch is not None
             plan = step.plan_step(batch, RULE)
-            config = step.StepConfig(micro_batch_size=2, kl_coef=0.05, max_grad_norm=max_norm)
+            config = step.StepConfig(
+                micro_batch_size=2, objective=Objective(kl_coef=0.05), max_grad_norm=max_norm
+            )
             metrics = step.train_step(
                 policy, optimizer, plan, config, module=module, collective=comm, shard=shard
             )

@@ -84,3 +84,31 @@ def test_mlx_top_p_and_log_softmax_match_torch() -> None:
     ours = np.array(mlx_backend.log_softmax(mx.array(logits), 0.7))
     reference = torch.log_softmax(torch.from_numpy(logits) / 0.7, dim=-1).numpy()
     assert np.abs(ours - reference).max() <= 1e-5
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_entropy_and_its_gradient_match_the_full_softmax(temperature: float, in_place: bool) -> None:
+    torch.manual_seed(3)
+    base = torch.randn(6, 4, 17)
+    targets = torch.randint(0, 17, (6, 4))
+    mix_v, mix_h = torch.randn(6, 4), torch.randn(6, 4)
+    # reference: H = −Σ p log p over the whole softmax, autograd through it
+    ref_logits = base.clone().double().requires_grad_(True)
+    log_p = torch.log_softmax(ref_logits / temperature, dim=-1)
+    ref_v = log_p.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    ref_h = -(log_p.exp() * log_p).sum(-1)
+    (ref_v * mix_v + ref_h * mix_h).sum().backward()
+    logits = base.clone().requires_grad_(True)
+    work = logits * 1.0  # a non-leaf the in-place backward may overwrite
+    values, entropy = logprobs.token_logprobs_entropy(work, targets, temperature, in_place=in_place)
+    torch.testing.assert_close(values.double(), ref_v.detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(entropy.double(), ref_h.detach(), atol=1e-5, rtol=1e-5)
+    (values * mix_v + entropy * mix_h).sum().backward()
+    assert logits.grad is not None and ref_logits.grad is not None
+    torch.testing.assert_close(logits.grad.double(), ref_logits.grad, atol=1e-5, rtol=1e-5)
+    # without gradients: the same numbers
+    with torch.no_grad():
+        v2, h2 = logprobs.token_logprobs_entropy(base, targets, temperature)
+    torch.testing.assert_close(h2, entropy.detach())
+    torch.testing.assert_close(v2, values.detach())

@@ -105,7 +105,15 @@ def test_differs_ignores_absent_versus_none() -> None:
 
 def test_all_good(make_job: Any) -> None:
     conds = by_type(status_mod.conditions(observation(make_job)))
-    assert [c for c in conds] == ["Ready", "Progressing", "StalenessBounded", "Degraded", "Suspended"]
+    assert [c for c in conds] == [
+        "Ready",
+        "Progressing",
+        "StalenessBounded",
+        "LearningSignal",
+        "Degraded",
+        "Suspended",
+    ]
+    assert (conds["LearningSignal"].status, conds["LearningSignal"].reason) == ("True", "SignalPresent")
     assert (conds["Ready"].status, conds["Ready"].reason) == ("True", "AllComponentsReady")
     assert (conds["Progressing"].status, conds["Progressing"].reason) == ("True", "Training")
     assert "policy version 17 of 100" in conds["Progressing"].message
@@ -305,3 +313,34 @@ def test_quarantined_workers_degrade_the_job_and_are_counted(make_job: Any) -> N
     degraded = {c.type: c for c in status_mod.conditions(obs)}["Degraded"]
     assert (degraded.status, degraded.reason) == ("True", "WorkersQuarantined")
     assert "w9 (pool gpu): made-up log-probs" in degraded.message
+
+
+def test_learning_signal_follows_the_coordinators_warnings(make_job: Any) -> None:
+    quiet = doc().model_copy(
+        update={
+            "warnings": [
+                "no learning signal: the last 7 batches held only groups whose rewards were all equal"
+            ]
+        }
+    )
+    conds = by_type(status_mod.conditions(observation(make_job, coordinator=quiet)))
+    learning = conds["LearningSignal"]
+    assert (learning.status, learning.reason) == ("False", "NoSignal")
+    assert "last 7 batches" in learning.message
+    filtered = doc().model_copy(
+        update={"warnings": ["nearly every group is filtered: 63 of the last 64 had equal rewards"]}
+    )
+    assert by_type(status_mod.conditions(observation(make_job, coordinator=filtered)))[
+        "LearningSignal"
+    ].reason == ("NearlyAllFiltered")
+    # While the coordinator cannot be read the last verdict stands; the transition is a Warning Event.
+    previous = {
+        "conditions": [{"type": "LearningSignal", "status": "False", "reason": "NoSignal", "message": "m"}]
+    }
+    gone = by_type(
+        status_mod.conditions(observation(make_job, coordinator=None, coordinator_error="x"), previous)
+    )
+    assert (gone["LearningSignal"].status, gone["LearningSignal"].reason) == ("False", "NoSignal")
+    before = [{"type": "LearningSignal", "status": "True", "reason": "SignalPresent", "message": ""}]
+    changes = conditions.transitions(before, [learning])
+    assert len(changes) == 1 and changes[0].warning

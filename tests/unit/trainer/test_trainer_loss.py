@@ -193,11 +193,11 @@ MASK = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]])
 
 
 def test_token_weights_by_hand() -> None:
-    token = loss.token_weights(MASK, "token", total_tokens=4, total_sequences=2)
+    token = loss.token_weights(MASK, "TokenMean", total_tokens=4, total_sequences=2)
     assert token.tolist() == [[0.25, 0.25, 0.25, 0.0], [0.25, 0.0, 0.0, 0.0]]
-    seq = loss.token_weights(MASK, "sequence", total_tokens=4, total_sequences=2)
+    seq = loss.token_weights(MASK, "SequenceMeanTokenMean", total_tokens=4, total_sequences=2)
     assert seq.flatten().tolist() == pytest.approx([1 / 6, 1 / 6, 1 / 6, 0.0, 0.5, 0.0, 0.0, 0.0])
-    with pytest.raises(ValueError, match="normalization"):
+    with pytest.raises(ValueError, match="lossAggregation"):
         loss.token_weights(MASK, "batch", 4, 2)  # type: ignore[arg-type]
 
 
@@ -209,7 +209,7 @@ def test_grpo_loss_by_hand() -> None:
     logprobs = behaviour.clone().requires_grad_(True)
     ref = behaviour.clone()
     ref[0, 0] = math.log(0.25)
-    weights = loss.token_weights(MASK, "token", 4, 2)
+    weights = loss.token_weights(MASK, "TokenMean", 4, 2)
     out = loss.grpo_loss(
         logprobs,
         behaviour,
@@ -233,7 +233,7 @@ def test_grpo_loss_by_hand() -> None:
 def test_grpo_loss_ignores_padding_even_when_it_is_not_finite() -> None:
     behaviour = torch.tensor([[-1.0, -1e30]])
     logprobs = torch.tensor([[-1.0, 0.0]], requires_grad=True)
-    weights = loss.token_weights(torch.tensor([[1, 0]]), "token", 1, 1)
+    weights = loss.token_weights(torch.tensor([[1, 0]]), "TokenMean", 1, 1)
     out = loss.grpo_loss(logprobs, behaviour, torch.tensor([2.0]), weights, clip_range=EPS, cap=CAP)
     out.loss.backward()
     assert out.loss.item() == pytest.approx(-2.0)
@@ -246,7 +246,7 @@ def test_grpo_loss_needs_reference_for_kl() -> None:
         loss.grpo_loss(x, x, torch.ones(1), torch.ones(1, 1), clip_range=EPS, cap=CAP, kl_coef=0.1)
 
 
-@pytest.mark.parametrize("normalization", ["token", "sequence"])
+@pytest.mark.parametrize("normalization", ["TokenMean", "SequenceMeanTokenMean"])
 def test_micro_batches_sum_to_the_full_batch_loss(normalization: loss.Normalization) -> None:
     torch.manual_seed(0)
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 0]])

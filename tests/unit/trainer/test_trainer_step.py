@@ -12,6 +12,7 @@ import torch
 
 from echo_runtime import staleness
 from echo_runtime.rollout import Batch, Group, Rollout
+from echo_runtime.spec.objectives import Objective
 from echo_runtime.trainer import step
 from echo_runtime.trainer.batch import shard
 from echo_runtime.trainer.policy import TrainablePolicy, completion_logprobs, pack
@@ -136,7 +137,12 @@ def test_clip_and_truncation_fractions_by_hand(
     policy = make_policy()
     batch = make_batch(policy, 0, groups=2, n=4, offsets={"transformers": -1.0})
     plan = step.plan_step(batch, ASYNC_DROP)
-    _, metrics = _sgd_step(policy, plan, micro_batch_size=3, clip_range=0.2, cap=2.0)
+    _, metrics = _sgd_step(
+        policy,
+        plan,
+        micro_batch_size=3,
+        objective=Objective(clip_low=0.2, clip_high=0.2, importance_weight_cap=2.0),
+    )
     positive = sum(len(s.rollout.completion_ids) for s in plan.slots if s.advantage > 0)
     negative = sum(len(s.rollout.completion_ids) for s in plan.slots if s.advantage < 0)
     assert metrics.clip_fraction == pytest.approx(positive / plan.total_tokens)
@@ -152,7 +158,7 @@ def test_full_finetuning_with_kl_to_the_reference(
     policy = make_policy(finetune="Full", with_reference=True)
     assert policy.finetune == "Full" and all(p.requires_grad for p in policy.model.parameters())
     optimizer = step.make_optimizer(policy.trainable_parameters(), 1e-3)
-    config = step.StepConfig(kl_coef=0.1, micro_batch_size=4)
+    config = step.StepConfig(objective=Objective(kl_coef=0.1), micro_batch_size=4)
     first = step.train_step(
         policy, optimizer, step.plan_step(make_batch(policy, 0, seed=2), ASYNC_DROP), config
     )
@@ -172,7 +178,12 @@ def test_lora_reference_is_the_base_model(
     batch = make_batch(policy, 0)
     # Move the adapter away from its zero start, then the adapter-disabled forward must still be the base.
     optimizer = step.make_optimizer(policy.trainable_parameters(), 1e-2)
-    step.train_step(policy, optimizer, step.plan_step(batch, ASYNC_DROP), step.StepConfig(kl_coef=0.05))
+    step.train_step(
+        policy,
+        optimizer,
+        step.plan_step(batch, ASYNC_DROP),
+        step.StepConfig(objective=Objective(kl_coef=0.05)),
+    )
     packed = pack(batch.rollouts, policy.pad_id)
     with torch.no_grad():
         trained = completion_logprobs(policy.model, packed, 1.0)
@@ -192,7 +203,9 @@ def test_step_config_from_the_manifest() -> None:
         sampling=Sampling(temperature=0.7),
     )
     config = step.StepConfig.from_algorithm(algorithm)
-    assert dataclasses.astuple(config)[:5] == (0.3, 4.0, 0.01, 0.7, 2)
+    o = config.objective
+    assert (o.clip_low, o.clip_high, o.importance_weight_cap, o.kl_coef) == (0.3, 0.3, 4.0, 0.01)
+    assert (config.temperature, config.micro_batch_size) == (0.7, 2)
 
 
 @pytest.mark.parametrize(
@@ -235,3 +248,133 @@ def test_the_step_runs_at_its_scheduled_rate(
     )
     assert last.learning_rate == 0.0 and optimizer.param_groups[0]["lr"] == 0.0
     assert all(torch.equal(a, b.detach()) for a, b in zip(before, policy.trainable_parameters(), strict=True))
+
+
+# --------------------------------------------------------------------------------------- objectives
+def _lengths_group(version: int, gid: str, specs: tuple[tuple[float, int, str], ...]) -> Group:
+    """A group of (reward, completion length, finish reason) rollouts."""
+    return Group(
+        rollouts=tuple(
+            Rollout((1, 2), tuple(range(3, 3 + n)), (-1.0,) * n, r, version, finish_reason=f)  # type: ignore[arg-type]
+            for r, n, f in specs
+        ),
+        id=gid,
+    )
+
+
+def test_plan_shapes_rewards_with_the_overlong_penalty() -> None:
+    # Budget 10, buffer 4: lengths 6 (no penalty), 8 (−0.5), 10 (−1). Rewards 1, 1, 1 → shaped 1, 0.5, 0.
+    group = _lengths_group(0, "g", ((1.0, 6, "stop"), (1.0, 8, "stop"), (1.0, 10, "length")))
+    objective = Objective(length_budget=10, overlong_buffer=4, reward_scaling="Off")
+    plan = step.plan_step(Batch(version=0, groups=(group,)), ASYNC_DROP, objective)
+    assert [s.reward for s in plan.slots] == pytest.approx([1.0, 0.5, 0.0])
+    assert [s.advantage for s in plan.slots] == pytest.approx([0.5, 0.0, -0.5])  # r − mean, no std
+    assert plan.reward_mean == pytest.approx(1.0)  # the task's reward, as reported
+    assert plan.zero_signal_groups == 0
+    # Without the penalty the same group has no signal.
+    plain = step.plan_step(Batch(version=0, groups=(group,)), ASYNC_DROP)
+    assert plain.zero_signal_groups == 1 and {s.advantage for s in plain.slots} == {0.0}
+
+
+def test_truncated_completions_can_be_masked_out_of_the_loss(
+    make_policy: Callable[..., TrainablePolicy], make_batch: Callable[..., Batch]
+) -> None:
+    policy = make_policy()
+    batch = make_batch(policy, 0, groups=2, n=4, seed=4)
+    cut = {batch.groups[0].rollouts[1].completion_ids, batch.groups[1].rollouts[0].completion_ids}
+    groups = tuple(
+        dataclasses.replace(
+            g,
+            rollouts=tuple(
+                dataclasses.replace(r, finish_reason="length" if r.completion_ids in cut else "stop")
+                for r in g.rollouts
+            ),
+        )
+        for g in batch.groups
+    )
+    batch = Batch(version=0, groups=groups)
+    masked_plan = step.plan_step(batch, ASYNC_DROP, Objective(mask_truncated=True))
+    assert masked_plan.masked_rollouts == 2
+    kept = sum(s.rollout.model_tokens for s in masked_plan.slots if s.rollout.completion_ids not in cut)
+    assert masked_plan.total_tokens == kept
+    # The masked rollouts contribute nothing: the step equals one over a plan without them at all, with
+    # the same advantages (computed with them) and the same token totals.
+    grad_masked, metrics = _sgd_step(policy, masked_plan)
+    assert metrics.masked_rollouts == 2 and metrics.rollouts == 6 and metrics.tokens == kept
+    without = dataclasses.replace(
+        masked_plan, slots=tuple(s for s in masked_plan.slots if not s.masked), masked_rollouts=0
+    )
+    grad_without, _ = _sgd_step(make_policy(), without)
+    for name in grad_masked:
+        torch.testing.assert_close(grad_masked[name], grad_without[name])
+
+
+def test_step_records_entropy_and_clip_sides(
+    make_policy: Callable[..., TrainablePolicy], make_batch: Callable[..., Batch]
+) -> None:
+    policy = make_policy()
+    # Behaviour 1 nat below the policy: ρ = e on every token: with ε_high = 0.28 every A > 0 token is
+    # clipped high, none low; dual clip c = 2 catches every A < 0 token (ρ = e > 2).
+    batch = make_batch(policy, 0, groups=2, n=4, offsets={"transformers": -1.0})
+    objective = Objective(clip_high=0.28, dual_clip=2.0)
+    plan = step.plan_step(batch, ASYNC_DROP, objective)
+    _, metrics = _sgd_step(policy, plan, objective=objective)
+    positive = sum(s.rollout.model_tokens for s in plan.slots if s.advantage > 0)
+    negative = sum(s.rollout.model_tokens for s in plan.slots if s.advantage < 0)
+    assert metrics.clip_fraction_high == pytest.approx(positive / plan.total_tokens)
+    assert metrics.dual_clip_fraction == pytest.approx(negative / plan.total_tokens)
+    assert metrics.clip_fraction_low == 0.0
+    assert metrics.clip_fraction == pytest.approx((positive + negative) / plan.total_tokens)
+    # entropy of the tiny model's next-token distributions: between 0 and log(vocab)
+    packed = pack([s.rollout for s in plan.slots], policy.pad_id)
+    with torch.no_grad():
+        logits = policy.model(
+            input_ids=packed.input_ids, attention_mask=packed.attention_mask, position_ids=packed.position_ids
+        ).logits
+    assert 0.0 < metrics.entropy <= math.log(logits.shape[-1])
+
+
+def test_entropy_bonus_changes_the_gradient(
+    make_policy: Callable[..., TrainablePolicy], make_batch: Callable[..., Batch]
+) -> None:
+    policy = make_policy(seed=3)
+    batch = make_batch(policy, 0, seed=5)
+    plan = step.plan_step(batch, ASYNC_DROP)
+    plain, _ = _sgd_step(make_policy(seed=3), plan)
+    bonus, _ = _sgd_step(make_policy(seed=3), plan, objective=Objective(entropy_coef=0.5))
+    assert any((plain[k] - bonus[k]).abs().max() > 1e-6 for k in plain)
+
+
+def test_kl_in_the_reward_uses_the_trainers_own_logprobs(
+    make_policy: Callable[..., TrainablePolicy], make_batch: Callable[..., Batch]
+) -> None:
+    # LoRA: the reference is the adapter-disabled base. Train one step so π_θ ≠ π_ref, then a REINFORCE++
+    # step with the KL in the reward records a positive KL and gives every token its own advantage.
+    policy = make_policy()
+    optimizer = step.make_optimizer(policy.trainable_parameters(), 5e-2)
+    step.train_step(
+        policy, optimizer, step.plan_step(make_batch(policy, 0, seed=6), ASYNC_DROP), step.StepConfig()
+    )
+    objective = Objective(
+        advantage_estimator="REINFORCEPP",
+        reward_scaling="Batch",
+        kl_coef=0.5,
+        kl_estimator="k1",
+        kl_placement="Reward",
+    )
+    # Behaviour log-probs shifted by 5 nats: the penalty must not depend on what the worker reported.
+    batch = make_batch(policy, 1, seed=7, offsets={"transformers": -5.0})
+    plan = step.plan_step(batch, ASYNC_DROP, objective)
+    packed = pack([s.rollout for s in plan.slots], policy.pad_id)
+    with torch.no_grad():
+        own = completion_logprobs(policy.model, packed, 1.0)
+        ref = policy.reference_logprobs(packed, 1.0)
+    penalties = [(0.5 * (own[i] - ref[i]))[packed.mask[i].bool()].double() for i in range(len(plan.slots))]
+    expected = step.with_reward_penalties(plan, penalties, objective)
+    sums = [float(p.sum()) / 0.5 for p in penalties]
+    assert expected.reward_kl == pytest.approx(sum(sums) / len(sums))
+    metrics = step.train_step(policy, optimizer, plan, step.StepConfig(objective=objective))
+    assert metrics.reward_kl == pytest.approx(expected.reward_kl, rel=1e-4)
+    assert metrics.reward_kl is not None and abs(metrics.reward_kl) > 1e-4
+    assert all(s.token_advantages is not None for s in expected.slots)
+    assert any(len(set(s.token_advantages or ())) > 1 for s in expected.slots)  # G_t differs along a rollout
