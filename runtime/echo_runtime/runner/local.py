@@ -205,6 +205,7 @@ class LocalRun:
         self.echo(
             f"model: {model.path}" + (f" (warm-up {model.warmup_steps} steps)" if model.warmup_steps else "")
         )
+        self.echo(f"objective: {self.job.spec.algorithm.objective().describe()}")
         done = subprocess.run(
             [sys.executable, "-m", "echo_runtime.runner.prepare_model"],
             input=self.manifest,

@@ -153,8 +153,8 @@ def _message(err: Any, model: type[pydantic.BaseModel]) -> tuple[tuple[str | int
         # Model-level validators name the offending field first ("refreshThreshold: must be ..."):
         # attach it to the path so every message reads the same way.
         head, sep, rest = text.partition(": ")
-        if sep and head.isidentifier():
-            return (*loc, head), rest
+        if sep and head and all(part.isidentifier() for part in head.split(".")):
+            return (*loc, *head.split(".")), rest
         return loc, text
     return loc, str(err["msg"])
 

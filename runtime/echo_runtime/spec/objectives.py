@@ -3,8 +3,8 @@
 A user picks a published recipe by name (``spec.algorithm.preset``) and may override any of its fields
 one by one; a field left unset takes the preset's value. :func:`resolve` turns the manifest's fields
 into one :class:`Objective` (plain data, no torch), which the trainer's loss
-(:mod:`echo_runtime.trainer.loss`) and the coordinator's batch filter read. ``echorl`` prints it, so a
-user sees exactly which numbers a preset stands for.
+(:mod:`echo_runtime.trainer.loss`) and the coordinator's batch filter read. ``echorl run`` prints it at
+start-up (:meth:`Objective.describe`), so a user sees exactly which numbers a preset stands for.
 
 The preset values, each from its paper (the equations are implemented, and cited again, in
 :mod:`echo_runtime.trainer.loss`):
@@ -102,6 +102,29 @@ class Objective:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def describe(self) -> str:
+        """One line a person reads at start-up: which numbers the preset and the overrides came to."""
+        low = "none" if self.clip_low >= 1 else f"{self.clip_low:g}"
+        parts = [
+            f"{self.advantage_estimator} advantages (scaling {self.reward_scaling})",
+            f"{self.policy_loss} loss, clip {low}/{self.clip_high:g}"
+            + (f", dual clip {self.dual_clip:g}" if self.dual_clip is not None else ""),
+            self.loss_aggregation,
+        ]
+        if self.kl_coef > 0:
+            parts.append(f"KL {self.kl_estimator} β {self.kl_coef:g} in the {self.kl_placement.lower()}")
+        if self.entropy_coef > 0:
+            parts.append(f"entropy bonus {self.entropy_coef:g}")
+        if self.importance_level != "Token" or self.rejection != "Off":
+            parts.append(f"IS {self.importance_level.lower()}, rejection {self.rejection}")
+        if self.dynamic_sampling:
+            parts.append("dynamic sampling")
+        if self.overlong_buffer:
+            parts.append(f"overlong penalty over the last {self.overlong_buffer} tokens")
+        if self.mask_truncated:
+            parts.append("truncated completions masked")
+        return f"{self.preset}: " + ", ".join(parts)
 
 
 def preset_values(preset: str, max_new_tokens: int) -> dict[str, Any]:

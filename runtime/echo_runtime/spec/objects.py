@@ -68,7 +68,7 @@ class EchoJobSpec(SpecModel):
     task: Task = Field(default_factory=Task)
     """Prompt source and verifier."""
     algorithm: Algorithm = Field(default_factory=Algorithm)
-    """GRPO settings."""
+    """The RL objective (a named preset, overridable field by field) and the optimizer's settings."""
     sync_policy: SyncPolicySpec | None = None
     """Inline sync policy (default: Async with maxStaleness 1); exclusive with ``syncPolicyRef``."""
     sync_policy_ref: str | None = None

@@ -178,6 +178,32 @@ class Algorithm(SpecModel):
                 "minLearningRate must be ≤ learningRate: a schedule decays from learningRate down to it",
                 ".minLearningRate",
             ),
+            (
+                "(has(self.advantageEstimator) ? !self.advantageEstimator.startsWith('REINFORCEPP') "
+                ": self.preset != 'REINFORCEPP') || !has(self.rewardScaling) || self.rewardScaling == 'Batch'",
+                "the REINFORCE++ estimators normalise over the batch themselves: leave rewardScaling unset or Batch",
+                ".rewardScaling",
+            ),
+            (
+                "!has(self.rolloutCorrection) || self.rolloutCorrection.level != 'Sequence' || "
+                "(has(self.policyLoss) ? self.policyLoss == 'PPO' : !(self.preset in ['GSPO', 'CISPO']))",
+                "rolloutCorrection.level Sequence applies to the PPO loss only: GSPO and CISPO bring their own "
+                "importance weight",
+                ".rolloutCorrection.level",
+            ),
+            (
+                "!has(self.rolloutCorrection) || self.rolloutCorrection.rejection != 'Token' || "
+                "(has(self.policyLoss) ? self.policyLoss != 'GSPO' : self.preset != 'GSPO')",
+                "GSPO weighs whole sequences: rolloutCorrection.rejection must be Sequence or Off",
+                ".rolloutCorrection.rejection",
+            ),
+            (
+                "!has(self.overlong) || !has(self.overlong.buffer) || "
+                "self.overlong.buffer <= (has(self.sampling) ? self.sampling.maxNewTokens : "
+                f"{Sampling.model_fields['max_new_tokens'].default})",
+                "overlong.buffer must be ≤ sampling.maxNewTokens: the buffer is the last tokens of the budget",
+                ".overlong.buffer",
+            ),
         )
     )
 
@@ -267,10 +293,13 @@ class Algorithm(SpecModel):
                 f"minLearningRate: must be ≤ learningRate ({self.learning_rate:g}), got {self.min_learning_rate:g}"
             )
         resolved = self.objective()
-        if resolved.advantage_estimator.startswith("REINFORCEPP") and resolved.reward_scaling != "Batch":
+        if resolved.advantage_estimator.startswith("REINFORCEPP") and self.reward_scaling not in (
+            None,
+            "Batch",
+        ):
             raise ValueError(
                 f"rewardScaling: the {resolved.advantage_estimator} estimator normalises over the batch itself; "
-                f"leave rewardScaling unset or Batch, got {resolved.reward_scaling}"
+                f"leave rewardScaling unset or Batch, got {self.reward_scaling}"
             )
         if resolved.policy_loss != "PPO" and resolved.importance_level == "Sequence":
             raise ValueError(
@@ -327,6 +356,10 @@ class Algorithm(SpecModel):
             "dynamic_sampling": self.dynamic_sampling.enabled,
         }
         values.update({k: v for k, v in explicit.items() if v is not None})
+        if str(values.get("advantage_estimator", "")).startswith("REINFORCEPP"):
+            values["reward_scaling"] = (
+                "Batch"  # its own normalisation (a different explicit value is refused)
+            )
         if self.dual_clip is not None:
             values["dual_clip"] = self.dual_clip
         return objectives.Objective(**values)

@@ -100,6 +100,12 @@ def test_every_field_overrides_its_preset() -> None:
     assert (both.clip_low, both.clip_high) == (0.05, 0.1)
 
 
+def test_the_reinforce_pp_estimator_brings_its_batch_normalisation() -> None:
+    # On the GRPO preset (group scaling), choosing the estimator alone is enough: its scaling is Batch.
+    assert _objective(advantageEstimator="REINFORCEPPBaseline").reward_scaling == "Batch"
+    assert _objective(advantageEstimator="REINFORCEPP", rewardScaling="Batch").reward_scaling == "Batch"
+
+
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_preset_is_a_valid_manifest(preset: str) -> None:
     assert Algorithm.model_validate({"preset": preset}).objective().preset == preset
@@ -121,3 +127,10 @@ def test_every_preset_is_a_valid_manifest(preset: str) -> None:
 def test_bad_objectives_are_refused_naming_the_field(fields: dict[str, object], message: str) -> None:
     with pytest.raises(pydantic.ValidationError, match=message):
         Algorithm.model_validate(fields)
+
+
+def test_the_resolved_objective_is_described_in_one_line() -> None:
+    line = _objective(preset="DAPO", sampling={"maxNewTokens": 16}).describe()
+    assert line.startswith("DAPO: ") and "clip 0.2/0.28" in line and "dynamic sampling" in line
+    assert "over the last 3 tokens" in line  # 20 % of 16
+    assert "clip none/4" in _objective(preset="CISPO").describe()
