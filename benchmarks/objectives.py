@@ -9,7 +9,8 @@ another had no time to take.
 
 Per preset it reports held-out accuracy (greedy, the evaluator's) at the budget, mean and 95 %
 Student-t interval over seeds, and over training: groups filtered (dynamic sampling), clip fractions
-(low, high, dual), entropy, mean completion length and groups without signal. Writes
+(low, high, dual), entropy, mean completion length, groups without signal, and how long the trainer
+waited for each batch (dynamic sampling must not make it wait longer). Writes
 ``objectives.json`` and ``objectives-curves.png`` into ``--results``; the run directories stay in
 ``--out`` (``--resume`` skips finished runs).
 
@@ -104,6 +105,8 @@ def measures(run: Path) -> dict[str, Any]:
                 "meanLength": s["tokens"] / s["rollouts"] if s.get("rollouts") else None,
                 "zeroSignalGroups": s.get("zeroSignalGroups"),
                 "groups": s.get("groups"),
+                "batchSeconds": s.get("batchSeconds"),
+                "stepSeconds": s.get("stepSeconds"),
             }
             for s in trainer
         ],
@@ -148,6 +151,8 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             "entropy": mean_of("entropy"),
             "meanCompletionLength": mean_of("meanLength"),
             "zeroSignalGroupsPerStep": mean_of("zeroSignalGroups"),
+            "trainerWaitSecondsPerStep": mean_of("batchSeconds"),
+            "trainerStepSeconds": mean_of("stepSeconds"),
             "warnings": sorted({w for m in ms for w in m["warnings"]}),
         }
     return out

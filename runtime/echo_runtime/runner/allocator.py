@@ -13,7 +13,9 @@ fresh process, micro-batches of 8, 2 threads; ``docs/benchmarks/memory-smollm2.m
 ``echorl run`` starts its processes with ``LD_PRELOAD`` set to the first of :data:`JEMALLOC` that
 exists (Debian's and Ubuntu's ``libjemalloc2``, Fedora's ``jemalloc``), unless ``ECHORL_MALLOC=system``
 asks for the C library's allocator or the user preloads something already; ``MALLOC_CONF`` is left
-alone when the user set it. Without jemalloc installed nothing changes.
+alone when the user set it. Without jemalloc installed nothing changes. One exception: a Colocated run
+samples and trains in ``echorl run``'s own process, which is already running when it could choose an
+allocator, so only its evaluator gets jemalloc (preload it yourself to give it to the rest).
 """
 
 from __future__ import annotations

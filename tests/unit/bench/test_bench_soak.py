@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -173,6 +174,10 @@ def test_roles_are_read_from_argv(argv: list[str], role: str | None) -> None:
 def test_process_counters_read_proc() -> None:
     child = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:
+        # Popen returns once the child is forked: until it has exec'd, /proc shows this interpreter's argv.
+        deadline = time.monotonic() + 10.0
+        while soak.cmdline(child.pid) != ["sleep", "30"] and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert child.pid in soak.children_of(os.getpid())
         assert soak.cmdline(child.pid) == ["sleep", "30"]
         assert soak.group_members({"sleep": child.pid}) == {"sleep": [child.pid]}

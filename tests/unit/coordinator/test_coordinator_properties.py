@@ -17,6 +17,8 @@ version, and repeated) and departures, in both modes and with both stale actions
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from coordinator_helpers import config, group, make_state, register, rollout
 from hypothesis import HealthCheck, event, settings
@@ -24,7 +26,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from echo_runtime import staleness
-from echo_runtime.coordinator import errors, state, wire
+from echo_runtime.coordinator import errors, signal, state, wire
 
 
 class CoordinatorMachine(RuleBasedStateMachine):
@@ -49,6 +51,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
         batch=st.integers(1, 3),
         extra=st.integers(0, 3),
         group_size=st.integers(1, 3),
+        dynamic=st.booleans(),
     )
     def setup(
         self,
@@ -59,6 +62,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
         batch: int,
         extra: int,
         group_size: int,
+        dynamic: bool,
     ) -> None:
         cfg = config(
             mode,
@@ -70,6 +74,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
             group_size=group_size,
             lease_timeout=10.0,
             task_timeout=15.0,
+            dynamic_sampling=dynamic,
         )
         self.s = make_state(cfg)
 
@@ -141,7 +146,10 @@ class CoordinatorMachine(RuleBasedStateMachine):
             self.tasks[task.task_id] = (worker, task)
 
     @precondition(lambda self: self.tasks)
-    @rule(data=st.data(), how=st.sampled_from(["loaded", "old", "malformed", "future", "other-worker"]))
+    @rule(
+        data=st.data(),
+        how=st.sampled_from(["loaded", "old", "malformed", "future", "other-worker", "no-signal"]),
+    )
     def submit(self, data: st.DataObject, how: str) -> None:
         task_id = data.draw(st.sampled_from(sorted(self.tasks)))
         worker, task = self.tasks[task_id]
@@ -149,6 +157,8 @@ class CoordinatorMachine(RuleBasedStateMachine):
         if how == "old":
             version = data.draw(st.integers(0, max(0, self.s.published)))
         req = group(self.s, task, version)
+        if how == "no-signal":  # every completion wrong: every reward equal
+            req = wire.SubmitRequest(rollouts=[rollout(version, "x") for _ in req.rollouts])
         if how == "malformed":
             req = wire.SubmitRequest(rollouts=[*req.rollouts, rollout(version)])  # one too many
         elif how == "future":
@@ -166,6 +176,8 @@ class CoordinatorMachine(RuleBasedStateMachine):
             assert self.snapshot() == before
             return
         assert how not in ("malformed", "future")
+        if reply.reason and reply.reason.startswith("filtered"):
+            event("submit: filtered by dynamic sampling")
         assert version in self.known[worker], "a claim of a version never told nor reported was accepted"
         assert worker not in self.banned
         del self.tasks[task_id]
@@ -275,6 +287,10 @@ class CoordinatorMachine(RuleBasedStateMachine):
             assert staleness.admit(g.policy_version, version, policy).consume
             for r in g.rollouts:
                 assert 0 <= r.staleness == version - r.policy_version <= policy.max_staleness
+            if self.s.config.dynamic_sampling:
+                assert signal.has_signal([r.reward for r in g.rollouts]), (
+                    "dynamic sampling let a flat group in"
+                )
             assert g.importance_weighted == (policy.stale_action == "ImportanceWeight" and g.staleness > 0)
 
     # ----------------------------------------------------------------------------------- invariants
@@ -284,11 +300,22 @@ class CoordinatorMachine(RuleBasedStateMachine):
         s.ledger.check()
         assert (
             s.ledger.dropped + (s.ledger.consumed - s.counters.consumed_groups)
-            == s.counters.dropped_stale + s.counters.dropped_quarantined
+            == s.counters.dropped_stale + s.counters.dropped_quarantined + s.signal.filtered_groups
         )
+        # filtered groups' prompts had nothing to teach: they are counted, not re-queued
         assert s.counters.requeued_prompts == s.counters.dropped_stale + s.counters.dropped_quarantined
         assert s.counters.consumed_groups == len(self.delivered)
-        bound = s.config.batch_size if s.sequential else s.config.buffer_capacity
+        if not s.config.dynamic_sampling:
+            assert s.signal.filtered_groups == 0
+        # with dynamic sampling the Async buffer bounds bufferSize ÷ keepRate outstanding tasks
+        most = math.ceil(s.config.buffer_capacity / signal.MIN_KEEP)
+        bound = (
+            s.config.batch_size
+            if s.sequential
+            else most
+            if s.config.dynamic_sampling
+            else s.config.buffer_capacity
+        )
         assert s.ledger.outstanding <= bound
         if s.counters.max_observed_staleness is not None:
             assert s.counters.max_observed_staleness <= s.config.policy.max_staleness

@@ -327,7 +327,7 @@ def test_entropy_bonus_pushes_towards_higher_entropy() -> None:
     )
     out.loss.backward()
     # loss = w · (ℓ − coef · H) = −0.01 · 0.7 with A = 0; d loss / d H = −0.01
-    assert float(out.loss) == pytest.approx(-0.007)
+    assert float(out.loss.detach()) == pytest.approx(-0.007)
     assert entropy.grad is not None and float(entropy.grad) == pytest.approx(-0.01)
     with pytest.raises(ValueError, match="entropy"):
         loss.policy_objective(logprobs, behaviour, torch.tensor([0.0]), torch.tensor([[1.0]]), o)
