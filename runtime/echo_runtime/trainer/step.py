@@ -6,7 +6,8 @@ The step that turns version ``t`` into ``t + 1`` works in two parts:
   :func:`echo_runtime.staleness.admit`, the same function the coordinator enforces — about
   every group: groups it refuses are dropped (never trained on, whatever the coordinator sent), groups
   it marks ``importance_weighted`` get the decoupled, truncated-importance-weighted surrogate. It then
-  computes GRPO advantages per group and the batch totals that fix every token's weight.
+  shapes the rewards (DAPO's overlong penalty), computes advantages with the objective's estimator
+  (:func:`echo_runtime.trainer.loss.advantages`) and the batch totals that fix every token's weight.
 * :func:`train_step` (the shell) runs forward/backward over micro-batches of ``microBatchSize``
   rollouts, accumulating gradients, then clips the gradient norm and takes one AdamW step.
 
@@ -41,7 +42,7 @@ from typing import Any
 import torch
 
 from echo_runtime import staleness
-from echo_runtime.rollout import Batch
+from echo_runtime.rollout import Batch, Group
 from echo_runtime.spec.objectives import Objective
 from echo_runtime.spec.policy import Algorithm
 from echo_runtime.trainer import loss
@@ -154,7 +155,7 @@ def plan_step(batch: Batch, policy: staleness.StalenessPolicy, objective: Object
     """Admit the groups of ``batch`` at ``batch.version`` with the staleness rule; shape the rewards
     (overlong penalty) and compute advantages with the objective's estimator."""
     o = objective
-    admitted: list[tuple[Any, staleness.Admission]] = []
+    admitted: list[tuple[Group, staleness.Admission]] = []
     dropped: list[Dropped] = []
     per_worker: dict[str, int] = {}
     weighted = 0
