@@ -100,9 +100,6 @@ class Objective:
     overlong_penalty: float = 1.0
     dynamic_sampling: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
     def describe(self) -> str:
         """One line a person reads at start-up: which numbers the preset and the overrides came to."""
         low = "none" if self.clip_low >= 1 else f"{self.clip_low:g}"

@@ -108,10 +108,7 @@ from collections.abc import Sequence
 
 import torch
 
-from echo_runtime.spec.objectives import LossAggregation, Objective
-
-Normalization = LossAggregation
-"""How token losses are averaged over a batch; see decision 6 of the module docstring."""
+from echo_runtime.spec.objectives import Objective
 
 ADVANTAGE_EPS = 1e-6
 """``eps`` of the advantage denominator ``std(r) + eps``."""
@@ -541,9 +538,6 @@ class PolicyObjective:
     """Per-token KL estimate to the reference (detached), or None without a reference in the loss."""
     kept: torch.Tensor
     """Per-token bool: not rejected (decision 3)."""
-
-
-GRPOLoss = PolicyObjective
 
 
 def policy_objective(
