@@ -11,7 +11,9 @@ Promises (:class:`Roster`):
 * a worker id is never reused while the worker, or its quarantine record, is known;
 * a worker silent for the lease timeout is :meth:`~Roster.silent`, to be forgotten;
 * a claimed version is accepted only if it was published; every version a worker reported or was
-  told to load is in its ``known_versions`` (what its rollouts may claim, :mod:`.trust`);
+  told to load is in its ``known_versions`` (what its rollouts may claim, :mod:`.trust`), down to its
+  ``known_floor``: versions no step can consume any more are forgotten (:meth:`Roster.forget_below`),
+  so the record stays bounded over a run of any length;
 * ``stuck``: told to load a version and still behind it a lease timeout later.
 
 Pure and in-memory: ``now`` is passed in. Refusals raise :class:`.errors.Rejected` before any change.
@@ -45,7 +47,10 @@ class WorkerRecord:
     """When the worker was first told to load ``told_version`` (for ``stuck``)."""
     known_versions: set[int] = dataclasses.field(default_factory=set)
     """Every version the coordinator told the worker to load or the worker reported holding (only
-    published ones are accepted): the versions its rollouts may claim."""
+    published ones are accepted): the versions its rollouts may claim, from ``known_floor`` up."""
+    known_floor: int = 0
+    """Versions below it were forgotten: no step can consume them any more (:meth:`Roster.forget_below`),
+    so a claim of one is let through the version check to be dropped as stale, never trained on."""
     quarantine: quarantine.Quarantine | None = None
     overdue: int = 0
     """Expiry sweeps that found its leases past the task timeout while it stayed alive, since its last
@@ -127,6 +132,16 @@ class Roster:
                 f"worker {worker_id} is quarantined: {worker.quarantine.reason}",
             )
         return worker
+
+    def forget_below(self, floor: int) -> None:
+        """Forget, for every worker, the known versions below ``floor``: the caller passes a version below
+        which nothing can be admitted again (the trainer's version never goes back past the newest
+        published one, :mod:`.handout`), so what a worker may claim stays bounded by Δmax, not by the
+        length of the run."""
+        for worker in self.workers.values():
+            if floor > worker.known_floor:
+                worker.known_floor = floor
+                worker.known_versions = {v for v in worker.known_versions if v >= floor}
 
     def in_pool(self, pool: str) -> list[WorkerRecord]:
         return [w for w in self.workers.values() if w.pool == pool]

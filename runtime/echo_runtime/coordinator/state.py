@@ -407,6 +407,7 @@ class CoordinatorState:
             published=self.published,
             known_versions=worker.known_versions,
             detokenizer=self.detokenizer,
+            known_floor=worker.known_floor,
         )
         if refusal is not None:
             if refusal.reason is not None:
@@ -521,5 +522,8 @@ class CoordinatorState:
         policy, t = self.config.policy, self.t_train
         dropped = self.ledger.drop_buffered(lambda e: not staleness.admit(e.version or 0, t, policy).consume)
         self._requeue(dropped)
+        # A rewind takes t_train back to a version ≥ published, never below: versions under
+        # min(t_train, published) − Δmax can never be admitted again, and no worker need be known to hold them.
+        self.roster.forget_below(min(t, self.published) - policy.bound)
         self.counters.dropped_stale += len(dropped)
         return len(dropped)

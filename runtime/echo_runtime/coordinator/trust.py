@@ -90,10 +90,11 @@ class Detokenizer:
         return None
 
 
-def version_refusal(where: str, claimed: int, known: Collection[int]) -> Refusal | None:
+def version_refusal(where: str, claimed: int, known: Collection[int], floor: int = 0) -> Refusal | None:
     """Why rollout ``where`` may not claim policy version ``claimed``, given the versions its worker was
-    told to load or reported holding; None if it may."""
-    if claimed in known:
+    told to load or reported holding from ``floor`` up; None if it may. A claim below ``floor`` (a
+    version already too stale for any step, forgotten) passes here and is dropped as stale."""
+    if claimed in known or claimed < floor:
         return None
     listed = ", ".join(str(v) for v in sorted(known)[-5:]) or "none"
     return Refusal(
@@ -113,8 +114,10 @@ def group_refusal(
     published: int,
     known_versions: Collection[int],
     detokenizer: Detokenizer | None,
+    known_floor: int = 0,
 ) -> Refusal | None:
-    """The first refusal of a submitted group, or None if it may be scored and buffered."""
+    """The first refusal of a submitted group, or None if it may be scored and buffered (or dropped as
+    stale: a claim below ``known_floor`` is not checked against ``known_versions``)."""
     if len(req.rollouts) != group_size:
         return Refusal("rollouts", f"a group has exactly {group_size} rollouts, got {len(req.rollouts)}")
     for i, r in enumerate(req.rollouts):
@@ -141,7 +144,7 @@ def group_refusal(
             )
         if not all(math.isfinite(x) and x <= 0.0 for x in r.logprobs):  # the wire model checks too
             return Refusal(f"{where}.logprobs", "log-probs must be finite and ≤ 0")
-        refusal = version_refusal(where, r.policy_version, known_versions)
+        refusal = version_refusal(where, r.policy_version, known_versions, known_floor)
         if refusal is None and detokenizer is not None:
             refusal = detokenizer.refusal(where, r.token_ids, r.completion, r.finish_reason)
         if refusal is not None:

@@ -178,7 +178,10 @@ class CoordinatorMachine(RuleBasedStateMachine):
         assert how not in ("malformed", "future")
         if reply.reason and reply.reason.startswith("filtered"):
             event("submit: filtered by dynamic sampling")
-        assert version in self.known[worker], "a claim of a version never told nor reported was accepted"
+        floor = min(self.s.t_train, self.s.published) - self.s.config.policy.bound
+        if version not in self.known[worker]:  # forgotten: no step can consume it, so dropped
+            assert version < floor and reply.outcome == "dropped", "an unknown version was accepted"
+            event("submit: a forgotten version dropped as stale")
         assert worker not in self.banned
         del self.tasks[task_id]
 

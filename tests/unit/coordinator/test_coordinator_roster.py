@@ -135,3 +135,14 @@ def test_stuck_means_told_and_still_behind_after_a_lease_timeout() -> None:
     assert not r.stuck(w, 21.0) and r.stuck(w, 22.5)
     w.loaded_version = 3  # it loaded what it was told
     assert not r.stuck(w, 30.0)
+
+
+def test_forgetting_old_versions_never_goes_back_and_keeps_the_newer_ones() -> None:
+    r, book = roster.Roster(config()), quarantine.Quarantines()
+    w = admit(r, book)
+    for v in (0, 2, 3, 5, 8):
+        r.report(w, v, published=8)
+    r.forget_below(4)
+    assert w.known_versions == {5, 8} and w.known_floor == 4
+    r.forget_below(2)  # a lower floor later changes nothing
+    assert w.known_versions == {5, 8} and w.known_floor == 4

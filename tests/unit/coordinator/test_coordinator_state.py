@@ -530,3 +530,28 @@ def test_chat_prompts_travel_as_messages_to_workers_and_to_the_trainer() -> None
     assert s.submit(w, task.task_id, right, 0.0).rewards == [1.0] * s.config.group_size
     batch = s.pull_batch(0, 0.0)
     assert batch.ready and wire.plain_prompt(batch.groups[0].prompt) == chat[0].prompt
+
+
+def test_the_versions_a_worker_may_claim_stay_bounded_and_forgotten_ones_are_only_ever_dropped() -> None:
+    """A worker's record of the versions it may claim does not grow with the run: versions no step can
+    consume any more are forgotten. A claim of one is dropped as stale (never trained on, never counted
+    as a lie), and a version inside the window it was never told of is still refused."""
+    s = make_state(config(max_staleness=1, capacity=8))
+    w = register(s)
+    task = lease_one(s, w)  # leased at version 0, submitted long after
+    for version in range(1, 301):
+        s.announce(version)
+        s.heartbeat(w, wire.HeartbeatRequest(loaded_version=version), float(version))
+    record = s.roster.get(w)
+    assert record.known_versions == {299, 300} and record.known_floor == 299  # Δmax 1: versions ≥ 300 − 1
+    old = s.submit(w, task.task_id, group(s, task, 0), 301.0)  # honest, but 300 versions behind
+    assert old.outcome == "dropped" and old.staleness == 300
+    assert s.counters.dropped_stale == 1 and sum(s.counters.rejected.of("cpu").values()) == 0
+    other = register(s, 302.0)  # told to load 300 on registering; never told of 299
+    again = lease_one(s, other, 302.0)
+    with pytest.raises(errors.Rejected) as refused:
+        s.submit(other, again.task_id, group(s, again, 299), 302.0)
+    assert (
+        refused.value.field.endswith(".policyVersion")
+        and "never told to load version 299" in refused.value.message
+    )

@@ -103,3 +103,8 @@ def test_a_group_is_checked_in_order_and_only_trust_problems_are_counted() -> No
     for change, field, reason in cases:
         problem = trust.group_refusal(group(**change), known_versions={1}, **check)  # type: ignore[arg-type]
         assert problem is not None and (problem.field, problem.reason) == (field, reason), change
+
+
+def test_a_claim_below_the_forgotten_floor_passes_the_version_check_to_be_dropped_as_stale() -> None:
+    assert trust.version_refusal("rollouts[0]", 2, {5, 6}, floor=5) is None
+    assert trust.version_refusal("rollouts[0]", 7, {5, 6}, floor=5) is not None  # in the window
