@@ -426,14 +426,15 @@ class SyncPolicySpec(SpecModel):
     buffer_size: Int | None = Field(default=None, ge=1)
     """Async only: replay-buffer capacity in groups (default 2 × batchSize); leasing pauses when full."""
     max_logprob_mismatch: Number = Field(default=0.1, gt=0, le=100)
-    """Trust bound, in nats: before training on a group of staleness 0, the trainer recomputes the
-    log-probs of ``logprobChecksPerGroup`` of its rollouts and compares them with the behaviour log-probs
-    the worker sent; a worker whose mean |Δ log-prob| per token exceeds this is quarantined (its rollouts
-    dropped and refused, counted, shown in status). Honest backends differ by ≤ 1e-6 in float32 and by
+    """Trust bound, in nats: before training on a group, the trainer recomputes the log-probs of
+    ``logprobChecksPerGroup`` of its rollouts with the weights of the version the group claims (it keeps
+    the last Δmax versions) and compares them with the behaviour log-probs the worker sent; a worker whose
+    mean |Δ log-prob| per token exceeds this is quarantined (its rollouts dropped and refused, counted,
+    shown in status). Honest backends differ by ≤ 1e-6 in float32 and by
     about 1e-3–1e-2 in bfloat16 (docs/coordinator.md)."""
     logprob_checks_per_group: Int = Field(default=1, ge=0, le=1024)
-    """Rollouts of each staleness-0 group the trainer re-scores before training on it, chosen at random
-    so a worker cannot tell which; 0 turns the check off."""
+    """Rollouts of each group the trainer re-scores before training on it, whatever its staleness,
+    chosen at random so a worker cannot tell which; 0 turns the check off."""
     retention: Retention = Field(default_factory=Retention)
     """How many snapshots and checkpoints the store keeps."""
 

@@ -3,7 +3,8 @@
 One iteration, on every rank of the data-parallel group (rank 0 alone does the I/O)::
 
     rank 0: batch = coordinator.wait_batch(t)          # long-poll; the prompt text is tokenised here
-    rank 0: verify.check_batch(batch)                   # behaviour log-probs of fresh groups; liars
+    rank 0: verify.check_batch(batch)                   # behaviour log-probs, each group with the
+                                                        # weights of the version it claims; liars
                                                         # are quarantined and their groups removed
     all:    plan  = plan_step(batch, staleness policy)  # the trainer's own admission check
     all:    train_step(plan)                            # micro-batches, DDP all-reduce, AdamW
@@ -30,9 +31,11 @@ Promises:
   errors: the coordinator applies the same rule, so any is a bug or a mismatched manifest). A batch with
   nothing admissible stops the trainer with an error rather than asking for the same batch forever.
 * **Nothing a caught worker sent is trained on.** Before a step, the log-probs of random rollouts of
-  every staleness-0 group are recomputed (:mod:`.verify`); a worker above ``maxLogprobMismatch`` is
+  every group are recomputed with the weights of the version the group claims (:mod:`.verify`: the
+  trainer keeps the last Δmax versions' trainable weights); a worker above ``maxLogprobMismatch`` is
   reported to the coordinator (quarantined) and all its groups leave the batch before the optimizer
-  step; a batch left empty is replaced by a new one at the same version.
+  step, as does a group whose version could not be had to check it; a batch left empty is replaced by
+  a new one at the same version.
 * A clean end (``maxSteps`` reached) always leaves a checkpoint of the last version.
 * Each step's metrics go to the log and, when a metrics file is given, as one JSON record
   (``kind: "trainer"``) per version, written once the version is published, including the per-backend log-prob mismatch, the rollouts trained
@@ -187,6 +190,8 @@ def run(
             recover_record(store, options.metrics_path, start, cache_dir)
         module = distributed.wrap(trainer.policy.model, world)
         policy_rule = staleness.StalenessPolicy.from_spec(job.sync_policy)
+        if world.is_main and store is not None and job.sync_policy.logprob_checks_per_group > 0:
+            trainer.history = verify.History(policy_rule.bound, functools.partial(_fetch, store, cache_dir))
         config = step.StepConfig.from_algorithm(algorithm)
         comm = distributed.collective(world)
         metrics_file = (
@@ -335,12 +340,17 @@ class Trainer:
     """The log-prob checks per worker, over the run."""
     quarantined: set[str] = dataclasses.field(default_factory=set)
     """Workers caught lying; their groups never reach a step."""
+    history: verify.History | None = None
+    """The trainable weights of the last Δmax versions, to check stale groups (rank 0; set by :func:`run`)."""
+    unverified_groups: int = 0
+    """Groups left out because their claimed version could not be had to check them, over the run."""
     delta_writer: deltas.Writer | None = None
     """Full fine-tuning with ``snapshotAnchorInterval``: versions between anchors go out as deltas."""
 
     def check(self, batch: Batch, coordinator: Coordinator) -> tuple[Batch, verify.Checked | None]:
-        """Check ``batch``'s fresh groups (:mod:`.verify`); quarantine the workers caught, through the
-        coordinator; return the batch without any group of a quarantined worker."""
+        """Check ``batch``'s groups, each against the version it claims (:mod:`.verify`); quarantine the
+        workers caught, through the coordinator; return the batch without any group of a quarantined
+        worker or that could not be checked."""
         batch = verify.without(batch, self.quarantined)
         sync = self.job.sync_policy
         if sync.logprob_checks_per_group == 0:
@@ -351,14 +361,24 @@ class Trainer:
             checks=sync.logprob_checks_per_group,
             bound=sync.max_logprob_mismatch,
             temperature=self.job.spec.algorithm.sampling.temperature,
+            history=self.history,
         )
         self.checks.add(checked)
+        if checked.unverified:
+            self.unverified_groups += len(checked.unverified)
+            _log.warning(
+                "leaving out %d group(s) of the batch for version %d: the weights of the version they claim "
+                "are neither kept nor in the store, so they cannot be checked (%s)",
+                len(checked.unverified),
+                batch.version,
+                ", ".join(checked.unverified[:3]),
+            )
         for worker, worst in checked.caught().items():
             reason = verify.Checked.reason(worst, checked.bound, batch.version)
             _log.error("quarantining worker %s: %s", worker, reason)
             coordinator.quarantine(worker, reason, version=batch.version, mismatch=worst.mean_abs)
             self.quarantined.add(worker)
-        return verify.without(batch, self.quarantined), checked
+        return verify.without(batch, self.quarantined, checked.unverified), checked
 
     @classmethod
     def build(cls, job: ResolvedJob, world: distributed.World, model_dir: str | None) -> Trainer:
@@ -511,6 +531,11 @@ def _next_batch(
     return _from_main(world, fetch)
 
 
+def _fetch(store: Store, cache_dir: Path, version: int) -> Path:
+    """A snapshot of ``version`` in the trainer's cache (to check the groups that claim it after a resume)."""
+    return store.fetch(version, cache_dir / "snapshots")
+
+
 def _check_plan(plan: step.Plan) -> None:
     for dropped in plan.dropped:
         _log.error(
@@ -644,6 +669,8 @@ def metrics_record(
     if checked is not None and trainer is not None:
         checks = {
             "logprobChecks": trainer.checks.record(sorted({c.worker for c in checked.groups})),
+            "checkedVersions": sorted({c.version for c in checked.groups}),
+            "uncheckedGroups": len(checked.unverified),
             "quarantinedWorkers": sorted(trainer.quarantined),
         }
     return {

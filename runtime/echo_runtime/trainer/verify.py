@@ -1,24 +1,35 @@
 """The trainer's check of what workers claim: behaviour log-probs against its own recomputation.
 
 A worker reports, with each completion, the log-probs its backend assigned to the sampled tokens (the
-behaviour policy μ of the PPO ratio). Nothing makes a worker honest: it could fabricate them, or sample
-with an older policy than the version it claims. For a group of staleness 0 the trainer holds exactly
-the weights that sampled it, so it can tell: before training on a batch, :func:`check_batch` recomputes
-the log-probs of ``checks`` rollouts of every staleness-0 group — chosen with the operating system's
-randomness, so a worker cannot know which — in evaluation mode (no dropout) and without gradients.
+behaviour policy μ of the PPO ratio) and the policy version that sampled it. Nothing makes a worker
+honest: it could fabricate the log-probs, or claim an older version than the one it used. Before
+training on a batch, :func:`check_batch` recomputes the log-probs of ``checks`` rollouts of **every**
+group — chosen with the operating system's randomness, so a worker cannot know which — in evaluation
+mode (no dropout) and without gradients, **with the weights of the version each rollout claims**:
+
+* the trainer's current weights for a group of staleness 0;
+* for a group of staleness k ≤ Δmax, the trainable weights of that version, which :class:`History`
+  keeps (CPU copies of the last Δmax versions: the LoRA adapter, a few MiB, or every weight when
+  fine-tuning all of them) and swaps in for the recomputation, restoring the current ones bit for bit.
+  A resumed trainer fetches the versions it lacks from the snapshot store (retention keeps at least
+  Δmax + 1 of them).
 
 Promises:
 
 * A group whose checked tokens disagree by more than ``bound`` nats on average (mean |Δ log-prob| per
   token) convicts its worker: :meth:`Checked.caught` names it with the statistic, and the caller drops
   every group of that worker from the batch *before* the optimizer step, reports the worker to the
-  coordinator (which quarantines it) and never trains on it again (:meth:`Checked.without`).
+  coordinator (which quarantines it) and never trains on it again (:func:`without`). A worker that
+  claims an older version than it sampled with, or makes up log-probs for a stale group, is caught like
+  one that lies about a fresh group: the claimed version's weights are the ones recomputed.
 * Honest backends are far below any sensible bound (≤ 1e-6 between transformers, mlx and the trainer
   in float32), so the default bound (``syncPolicy.maxLogprobMismatch``, 0.1) is only crossed by a lie.
-* Groups of staleness > 0 are not checked: the trainer no longer holds the policy that sampled them.
-  What a lie there can do is bounded by the PPO clip and the truncated importance weights.
-* Cost: one forward pass, without gradients, over ``checks`` rollouts per fresh group — with the
-  defaults one rollout in ``groupSize`` of the fresh ones.
+* A group whose claimed version's weights cannot be had (neither kept nor in the store) is never
+  trained on unchecked: :attr:`Checked.unverified` names it and the caller drops it.
+* The policy is left as it was found: its mode, its weights (bit for bit), no gradients.
+* Cost: one forward pass, without gradients, over ``checks`` rollouts per group (with the defaults one
+  rollout in ``groupSize``), one copy of the trainable weights per version, and two weight copies per
+  older version present in the batch.
 
 :class:`WorkerStats` keeps the per-worker statistic over the run for the trainer's metrics records.
 """
@@ -27,9 +38,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import random
 import secrets
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 import torch
 
@@ -37,6 +50,72 @@ from echo_runtime.rollout import Batch, Rollout
 from echo_runtime.trainer.policy import TrainablePolicy, completion_logprobs, pack
 
 _SYSTEM_RANDOM = secrets.SystemRandom()
+_log = logging.getLogger(__name__)
+
+
+class History:
+    """The trainable weights of the last ``keep`` versions before the current one (CPU copies), for
+    checking groups against the version they claim.
+
+    ``fetch(version)`` (optional) returns a snapshot directory of an older version the history lacks (a
+    resumed trainer's store); None or an exception means the version cannot be had."""
+
+    def __init__(self, keep: int, fetch: Callable[[int], Path | None] | None = None) -> None:
+        if keep < 0:
+            raise ValueError(f"keep must be ≥ 0, got {keep}")
+        self.keep = keep
+        self._fetch = fetch
+        self._states: dict[int, dict[str, torch.Tensor]] = {}
+
+    @property
+    def versions(self) -> list[int]:
+        return sorted(self._states)
+
+    def remember(self, version: int, policy: TrainablePolicy) -> None:
+        """Record the policy's current weights as ``version`` (the trainer holds that version now) and
+        forget versions no group can claim any more (older than ``version − keep``)."""
+        if self.keep == 0:
+            self._states.clear()
+            return
+        if version not in self._states:
+            self._states[version] = policy.trainable_state()
+        for old in [v for v in self._states if v < version - self.keep or v > version]:
+            del self._states[old]
+
+    def _state(self, version: int, current: int, policy: TrainablePolicy) -> dict[str, torch.Tensor] | None:
+        """The weights of ``version`` (kept, or fetched and kept); None if they cannot be had. Loading a
+        fetched snapshot changes the policy's weights: the caller restores ``current``'s afterwards."""
+        if version in self._states:
+            return self._states[version]
+        if self._fetch is None or version < current - self.keep or version > current:
+            return None
+        try:
+            folder = self._fetch(version)
+            if folder is None:
+                return None
+            policy.load_snapshot(folder)
+        except Exception as exc:  # a collected or unreadable snapshot: the groups go unchecked, not trained
+            _log.warning("cannot load version %d to check the groups that claim it: %s", version, exc)
+            return None
+        self._states[version] = policy.trainable_state()
+        return self._states[version]
+
+    @contextlib.contextmanager
+    def weights_of(self, version: int, current: int, policy: TrainablePolicy) -> Iterator[bool]:
+        """Within the block the policy holds ``version``'s trainable weights (yields True), or, when they
+        cannot be had, its own (yields False); afterwards ``current``'s again, bit for bit."""
+        if version == current:
+            yield True
+            return
+        if current not in self._states:
+            raise RuntimeError(f"remember({current}) first: the current weights must be kept to be restored")
+        try:
+            state = self._state(version, current, policy)
+            if state is not None:
+                policy.load_trainable_state(state)
+            yield state is not None
+        finally:
+            policy.load_trainable_state(self._states[current])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +124,8 @@ class GroupCheck:
 
     group_id: str
     worker: str
+    version: int
+    """The policy version the checked rollouts claim (the weights they were recomputed with)."""
     rollouts: int
     tokens: int
     mean_abs: float
@@ -58,6 +139,8 @@ class Checked:
     version: int
     groups: tuple[GroupCheck, ...]
     bound: float
+    unverified: tuple[str, ...] = ()
+    """Groups whose claimed version's weights could not be had: never to be trained on."""
 
     def caught(self) -> dict[str, GroupCheck]:
         """Workers with a checked group above the bound (their worst group)."""
@@ -72,16 +155,19 @@ class Checked:
     @staticmethod
     def reason(check: GroupCheck, bound: float, version: int) -> str:
         return (
-            f"behaviour log-probs disagree with the trainer's recomputation at version {version}: mean "
+            f"behaviour log-probs disagree with the trainer's recomputation with the weights of version "
+            f"{check.version}, the version they claim (trainer at {version}): mean "
             f"|Δ log-prob| {check.mean_abs:.4g} per token over {check.tokens} token(s) of group "
             f"{check.group_id} (max {check.max_abs:.4g}), above maxLogprobMismatch {bound:g}"
         )
 
 
-def without(batch: Batch, workers: Sequence[str] | set[str]) -> Batch:
-    """``batch`` minus every group of ``workers``."""
-    banned = set(workers)
-    return dataclasses.replace(batch, groups=tuple(g for g in batch.groups if g.worker not in banned))
+def without(batch: Batch, workers: Sequence[str] | set[str], groups: Sequence[str] = ()) -> Batch:
+    """``batch`` minus every group of ``workers`` and the groups named in ``groups``."""
+    banned, gone = set(workers), set(groups)
+    return dataclasses.replace(
+        batch, groups=tuple(g for g in batch.groups if g.worker not in banned and g.id not in gone)
+    )
 
 
 @contextlib.contextmanager
@@ -104,40 +190,64 @@ def check_batch(
     temperature: float,
     rng: random.Random = _SYSTEM_RANDOM,
     max_rows: int = 16,
+    history: History | None = None,
 ) -> Checked:
-    """Recompute ``checks`` random rollouts of every staleness-0 group and compare (module docstring)."""
-    picked: list[tuple[int, Rollout]] = []
+    """Recompute ``checks`` random rollouts of every group with the weights of the version each claims
+    and compare (module docstring). The policy holds ``batch.version``; without a ``history`` only groups
+    of that version can be checked, and the others are :attr:`Checked.unverified`."""
+    by_version: dict[int, list[tuple[int, Rollout]]] = {}
     for gi, group in enumerate(batch.groups):
-        fresh = [r for r in group.rollouts if r.policy_version == batch.version]
-        if checks <= 0 or not fresh:
+        if checks <= 0 or not group.rollouts:
             continue
-        picked.extend((gi, r) for r in rng.sample(fresh, min(checks, len(fresh))))
-    if not picked:
+        for r in rng.sample(group.rollouts, min(checks, len(group.rollouts))):
+            by_version.setdefault(r.policy_version, []).append((gi, r))
+    if not by_version:
         return Checked(batch.version, (), bound)
-    per_group: dict[int, list[torch.Tensor]] = {}
+    if history is not None:
+        history.remember(batch.version, policy)
+    per_group: dict[tuple[int, int], list[torch.Tensor]] = {}
+    unverified: set[int] = set()
     with _evaluating(policy.model):
-        for start in range(0, len(picked), max_rows):
-            chunk = picked[start : start + max_rows]
-            packed = pack([r for _, r in chunk], policy.pad_id, policy.device)
-            recomputed = completion_logprobs(policy.model, packed, temperature).float()
-            delta = (packed.behaviour.float() - recomputed).abs() * packed.mask
-            for row, (gi, _) in enumerate(chunk):
-                per_group.setdefault(gi, []).append(delta[row][packed.mask[row].bool()].cpu())
+        for version in sorted(by_version, reverse=True):  # the current version first: no swap
+            picked = by_version[version]
+            weights = (
+                history.weights_of(version, batch.version, policy)
+                if history is not None
+                else contextlib.nullcontext(version == batch.version)
+            )
+            with weights as available:
+                if not available:
+                    unverified.update(gi for gi, _ in picked)
+                    continue
+                for start in range(0, len(picked), max_rows):
+                    chunk = picked[start : start + max_rows]
+                    packed = pack([r for _, r in chunk], policy.pad_id, policy.device)
+                    recomputed = completion_logprobs(policy.model, packed, temperature).float()
+                    delta = (packed.behaviour.float() - recomputed).abs() * packed.mask
+                    for row, (gi, _) in enumerate(chunk):
+                        per_group.setdefault((gi, version), []).append(
+                            delta[row][packed.mask[row].bool()].cpu()
+                        )
     found = []
-    for gi, rows in sorted(per_group.items()):
+    for (gi, version), rows in sorted(per_group.items()):
+        if gi in unverified:
+            continue
         values = torch.cat(rows).double()
         group = batch.groups[gi]
         found.append(
             GroupCheck(
                 group_id=group.id,
                 worker=group.worker,
+                version=version,
                 rollouts=len(rows),
                 tokens=int(values.numel()),
                 mean_abs=float(values.mean()) if values.numel() else 0.0,
                 max_abs=float(values.max()) if values.numel() else 0.0,
             )
         )
-    return Checked(batch.version, tuple(found), bound)
+    return Checked(
+        batch.version, tuple(found), bound, tuple(batch.groups[gi].id for gi in sorted(unverified))
+    )
 
 
 @dataclasses.dataclass

@@ -11,8 +11,11 @@ lie — one per attack, each in pool ``mallory`` (``maxWorkers: 3``, ``maxLeases
 while the Async job's honest worker is held (SIGSTOP) from its first published version until every
 attacker holds or has answered a lease, so that however fast the machine, the job cannot run out of
 steps before each attack has been tried;
-* **fabricator** (a Sequential job of its own, so that every group it submits has staleness 0 and can
-  be checked) — samples honestly but sends made-up behaviour log-probs.
+* in an Async job of its own (Δmax 2), two workers that sample and send made-up behaviour log-probs,
+  which only the trainer's recomputation can catch: the **fabricator** claims the version it holds
+  (its groups fresh or stale, as the job goes), the **patient liar** claims only versions older than the
+  newest (it waits until the job has some), so that every group of it is stale — the check has to
+  recompute with the weights of the version each group claims.
 
 Each attack must be caught where the design says (docs/coordinator.md, "Trust"), and nothing any of
 them sent may reach an optimizer step: the trainer's per-step records name the workers whose rollouts
@@ -372,12 +375,15 @@ def test_the_honest_worker_kept_the_job_going(async_job: AsyncOutcome) -> None:
 
 
 # ------------------------------------------------------------------------------------------- scenario B
-def test_made_up_behaviour_log_probs_get_the_worker_quarantined(
+def test_made_up_behaviour_log_probs_are_caught_whatever_version_they_claim(
     tmp_path: Path, model_dir: str, backend: TransformersBackend
 ) -> None:
     lock, stop = threading.Lock(), threading.Event()
-    sync = {"mode": "Sequential", "maxStaleness": 0}
-    with running_job(tmp_path, model_dir, sync, steps=8) as job:
+    bound = 2
+    sync = {"mode": "Async", "maxStaleness": bound}
+    claims: list[tuple[int, int]] = []
+    """The patient liar's (claimed version, newest published version) at each submission."""
+    with running_job(tmp_path, model_dir, sync, steps=12, lease_timeout=900.0) as job:
 
         def fabricator(me: Attack) -> None:
             with job.hostile() as w:
@@ -394,19 +400,55 @@ def test_made_up_behaviour_log_probs_get_the_worker_quarantined(
                             w, me, task.task_id, rollouts(sample(backend, lock, task), held, logprobs=fake)
                         )
 
-        record, thread = attack(fabricator, stop)
+        def patient(me: Attack) -> None:
+            with job.hostile() as w:
+                me.worker = w.register().worker_id
+                reported: set[int] = set()
+                while not stop.is_set():
+                    seen = job.status().policy_version  # reports every version it sees: all claimable
+                    lease = w.lease(1, wait=1.0, loaded_version=seen)
+                    reported.add(seen)
+                    for task in lease.tasks:
+                        samples = sample(backend, lock, task)
+                        newest = job.status().policy_version
+                        older = [v for v in reported if newest - bound <= v < newest]
+                        if not older:  # nothing stale to claim yet: hand the lease back by submitting nothing
+                            continue
+                        claims.append((max(older), newest))
+                        zeros = lambda values: [0.0] * len(values)  # noqa: E731
+                        submit(w, me, task.task_id, rollouts(samples, max(older), logprobs=zeros))
+                        if me.answers[-1] == "buffered":
+                            me.holding.set()
+
+        honest = job.procs[1]
+        until(lambda: job.status().policy_version >= 1, 300)
+        attacks = {"fabricator": attack(fabricator, stop), "patient": attack(patient, stop)}
+        until(attacks["patient"][0].holding.is_set, 120)  # a stale claim sits in the buffer
+        caught = lambda name: any(q.id == attacks[name][0].worker for q in job.status().quarantined)  # noqa: E731
+        honest.pause()  # the batches now hold the liars' groups: the trainer has to check them
+        try:
+            until(lambda: caught("patient") and caught("fabricator"), 120)
+        finally:
+            honest.resume()
         wait_trainer(job)
         status, records = job.status(), job.records()
         stop.set()
-        thread.join(timeout=30)
-    assert not record.errors, record.errors
-    assert "buffered" in record.answers  # the coordinator cannot tell: the trainer's check must
-    caught = {q.id: q for q in status.quarantined}
-    assert record.worker in caught, (record.answers, status.quarantined)
-    assert caught[record.worker].mismatch is not None and caught[record.worker].mismatch > 0.1
-    assert "behaviour log-probs disagree" in caught[record.worker].reason
-    assert record.answers[-1] == "403 quarantined workerId"
-    assert record.worker not in trained_on(records)
-    assert any(record.worker in r.get("quarantinedWorkers", []) for r in records)
-    assert [r["policyVersion"] for r in records] == list(range(1, 9))
-    assert status.max_observed_staleness == 0
+        for _, thread in attacks.values():
+            thread.join(timeout=30)
+    quarantined = {q.id: q for q in status.quarantined}
+    for name, (record, _) in attacks.items():
+        assert not record.errors, (name, record.errors)
+        assert "buffered" in record.answers, (name, record.answers)  # the coordinator cannot tell
+        assert record.worker in quarantined, (name, record.answers, status.quarantined)
+        conviction = quarantined[record.worker]
+        assert conviction.mismatch is not None and conviction.mismatch > 0.1
+        assert (
+            "behaviour log-probs disagree" in conviction.reason
+            and "the version they claim" in conviction.reason
+        )
+        assert record.answers[-1] == "403 quarantined workerId"
+        assert record.worker not in trained_on(records), name
+        assert any(record.worker in r.get("quarantinedWorkers", []) for r in records)
+    assert claims and all(claimed < newest for claimed, newest in claims)  # every claim stale
+    assert [r["policyVersion"] for r in records] == list(range(1, 13))
+    assert any(v < r["policyVersion"] - 1 for r in records for v in r.get("checkedVersions", []))
