@@ -347,7 +347,10 @@ def _degraded(obs: Observation, previous: Mapping[str, Any]) -> Condition:
             "Degraded", "True", "BoundExceeded", "the staleness bound was broken; see StalenessBounded"
         )
     if doc is not None and doc.quarantined:
-        caught = "; ".join(f"{q.id} (pool {q.pool}): {q.reason}" for q in doc.quarantined[:3])
+        caught = "; ".join(
+            f"{q.id} (pool {q.pool}, {q.trained_groups} group(s) trained on before it was caught): {q.reason}"
+            for q in doc.quarantined[:3]
+        )
         more = f"; and {len(doc.quarantined) - 3} more" if len(doc.quarantined) > 3 else ""
         return Condition(
             "Degraded",

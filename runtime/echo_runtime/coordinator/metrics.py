@@ -210,6 +210,18 @@ class StateCollector(Collector):
             quarantined.add_metric([job, pool], caught[pool])
         yield quarantined
 
+        before = CounterMetricFamily(
+            _PREFIX + "groups_trained_before_quarantine",
+            "Groups of quarantined workers that optimizer steps had trained on before they were caught, per pool.",
+            labels=["job", "pool"],
+        )
+        trained: collections.Counter[str] = collections.Counter()
+        for q in s.quarantined.records.values():
+            trained[q.pool] += q.trained_groups
+        for pool in sorted(set(s.config.pools) | set(trained)):
+            before.add_metric([job, pool], trained[pool])
+        yield before
+
         untrusted = CounterMetricFamily(
             _PREFIX + "rollouts_rejected",
             "Group submissions refused by a trust check, per pool and reason.",

@@ -36,6 +36,9 @@ class Quarantine:
     mismatch: float | None
     version: int
     """The trainer version at which the worker was caught."""
+    trained_groups: int = 0
+    """Its groups that optimizer steps had already trained on when it was caught (handed out in
+    batches before the one it was caught in, which is withdrawn)."""
 
 
 def hoarding(overdue: int) -> bool:
@@ -68,12 +71,13 @@ class Quarantines:
         reason: str,
         mismatch: float | None,
         version: int,
+        trained_groups: int = 0,
     ) -> Quarantine:
         """Record ``worker_id`` as caught (unless it already is) and return its record."""
         known = self.records.get(worker_id)
         if known is not None:
             return known
-        record = Quarantine(worker_id, pool, host, reason, mismatch, version)
+        record = Quarantine(worker_id, pool, host, reason, mismatch, version, trained_groups)
         self.records[worker_id] = record
         return record
 

@@ -79,6 +79,7 @@ def status_document(coordinator: state.CoordinatorState, now: float, wall_now: f
                 reason=q.reason,
                 mismatch=q.mismatch,
                 version=q.version,
+                trained_groups=q.trained_groups,
             )
             for q in coordinator.quarantined.records.values()
         ],

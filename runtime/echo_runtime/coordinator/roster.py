@@ -57,6 +57,8 @@ class WorkerRecord:
     submission."""
     group_seconds: float | None = None
     """How long its groups take, lease to submission (a moving average; pacing in time)."""
+    consumed_groups: int = 0
+    """Its groups handed to the trainer in batches and not withdrawn: what steps trained on."""
 
 
 class Roster:

@@ -439,16 +439,6 @@ class CoordinatorState:
         self, worker_id: str, reason: str, mismatch: float | None, version: int, pool: str | None = None
     ) -> wire.QuarantineReply:
         worker = self.roster.workers.get(worker_id)
-        record = self.quarantined.catch(
-            worker_id,
-            pool=worker.pool if worker is not None else (pool or ""),
-            host=worker.host if worker is not None else None,
-            reason=reason,
-            mismatch=mismatch,
-            version=version,
-        )
-        if worker is not None:
-            worker.quarantine = record
         released = len(self.ledger.release_worker(worker_id))
         doomed = self.ledger.drop_buffered(lambda e: e.group is not None and e.group.worker == worker_id)
         self._requeue(doomed)
@@ -458,6 +448,18 @@ class CoordinatorState:
             self._withdraw(withdrawn)
             self.counters.dropped_quarantined += len(withdrawn.entries)
         handed = 0 if withdrawn is None else len(withdrawn.entries)
+        # What is left handed out is what steps trained on before the worker was caught: counted, never silent.
+        record = self.quarantined.catch(
+            worker_id,
+            pool=worker.pool if worker is not None else (pool or ""),
+            host=worker.host if worker is not None else None,
+            reason=reason,
+            mismatch=mismatch,
+            version=version,
+            trained_groups=worker.consumed_groups if worker is not None else 0,
+        )
+        if worker is not None:
+            worker.quarantine = record
         return wire.QuarantineReply(dropped_groups=len(doomed) + handed, released_leases=released)
 
     def pull_batch(self, version: int, now: float, step_seconds: float | None = None) -> wire.BatchReply:
@@ -507,6 +509,8 @@ class CoordinatorState:
             self.counters.consumed(group.staleness, group.importance_weighted)
         self.counters.handed([r.reward for g in groups for r in g.rollouts])
         self.signal.handed([[r.reward for r in g.rollouts] for g in groups])
+        for entry in entries:
+            self._consumed(entry, +1)
         return self.handout.hand(version, entries, groups)
 
     def _withdraw(self, withdrawal: handout.Withdrawal) -> None:
@@ -514,7 +518,14 @@ class CoordinatorState:
         their prompts go back to the front of the queue."""
         for entry in withdrawal.entries:
             self.counters.withdrawn(withdrawal.version - (entry.version or 0))
+            self._consumed(entry, -1)
         self._requeue(withdrawal.entries)
+
+    def _consumed(self, entry: handout.Entry, change: int) -> None:
+        """Count ``entry``'s group as handed to a step (+1) or taken back (−1) for the worker that made it."""
+        worker = self.roster.workers.get(entry.group.worker) if entry.group is not None else None
+        if worker is not None:
+            worker.consumed_groups += change
 
     def _advance(self, version: int) -> int:
         """Move t_train forward (never back) and drop, counted, every buffered group now too stale."""

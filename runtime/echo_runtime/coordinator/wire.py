@@ -339,6 +339,8 @@ class QuarantinedWorker(WireModel):
     mismatch: float | None = None
     version: int
     """The trainer's version when it was caught."""
+    trained_groups: int = 0
+    """Its groups that optimizer steps had already trained on when it was caught."""
 
 
 class StatusDocument(WireModel):

@@ -442,6 +442,7 @@ def test_made_up_behaviour_log_probs_are_caught_whatever_version_they_claim(
         assert record.worker in quarantined, (name, record.answers, status.quarantined)
         conviction = quarantined[record.worker]
         assert conviction.mismatch is not None and conviction.mismatch > 0.1
+        assert conviction.trained_groups == 0  # every group of it checked: none reached a step
         assert (
             "behaviour log-probs disagree" in conviction.reason
             and "the version they claim" in conviction.reason

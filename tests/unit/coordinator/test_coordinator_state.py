@@ -13,7 +13,7 @@ import pydantic
 import pytest
 from coordinator_helpers import config, group, make_state, register, rollout
 
-from echo_runtime.coordinator import errors, quarantine, report, service, state, wire
+from echo_runtime.coordinator import errors, metrics, quarantine, report, service, state, wire
 
 CONTRACTS = Path(__file__).resolve().parents[3] / "docs" / "contracts.md"
 
@@ -488,6 +488,31 @@ def test_the_trainer_quarantines_a_worker_and_its_groups_leave_buffer_and_batch(
     with pytest.raises(errors.Rejected) as refused:
         s.heartbeat(liar, wire.HeartbeatRequest(loaded_version=0), 0.0)
     assert refused.value.code == "quarantined"
+
+
+def test_groups_a_caught_worker_had_already_had_trained_on_are_counted_not_silent() -> None:
+    """Its groups in batches steps took before the one it was caught in count; the withdrawn ones do not."""
+    s = make_state(config(max_staleness=1, batch_size=2, capacity=8))
+    liar, honest = register(s, capacity=8), register(s, capacity=8)
+
+    def deliver(worker: str) -> None:
+        task = lease_one(s, worker)
+        s.submit(worker, task.task_id, group(s, task, s.published), 0.0)
+
+    for w in (liar, liar):
+        deliver(w)
+    assert sorted(g.worker_id for g in s.pull_batch(0, 0.0).groups) == [liar, liar]  # trained on: step 0 → 1
+    s.announce(1)
+    for w in (honest, liar):
+        s.heartbeat(w, wire.HeartbeatRequest(loaded_version=1), 0.0)
+        deliver(w)
+    caught_in = s.pull_batch(1, 0.0)  # the batch the trainer checks, and catches the liar in
+    assert sorted(g.worker_id for g in caught_in.groups) == sorted([liar, honest])
+    s.quarantine(wire.QuarantineRequest(worker_id=liar, reason="fabricated log-probs", version=1))
+    doc = report.status_document(s, 0.0, 0.0)
+    assert [(q.id, q.trained_groups) for q in doc.quarantined] == [(liar, 2)]
+    exposition = metrics.render(metrics.registry_for(s, metrics.Rejections())).decode()
+    assert 'groups_trained_before_quarantine_total{job="test",pool="cpu"} 2.0' in exposition
 
 
 def test_a_pool_token_registers_at_most_max_workers_quarantined_ones_included() -> None:

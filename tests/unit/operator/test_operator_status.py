@@ -300,7 +300,12 @@ def test_quarantined_workers_degrade_the_job_and_are_counted(make_job: Any) -> N
         update={
             "quarantined": [
                 wire.QuarantinedWorker(
-                    id="w9", pool="gpu", reason="made-up log-probs", mismatch=0.8, version=12
+                    id="w9",
+                    pool="gpu",
+                    reason="made-up log-probs",
+                    mismatch=0.8,
+                    version=12,
+                    trained_groups=3,
                 )
             ],
             "pools": {"gpu": wire.PoolSummary(workers=1, min_loaded_version=16, quarantined=1)},
@@ -312,7 +317,7 @@ def test_quarantined_workers_degrade_the_job_and_are_counted(make_job: Any) -> N
     assert {p["name"]: p["quarantined"] for p in out["pools"]}["gpu"] == 1
     degraded = {c.type: c for c in status_mod.conditions(obs)}["Degraded"]
     assert (degraded.status, degraded.reason) == ("True", "WorkersQuarantined")
-    assert "w9 (pool gpu): made-up log-probs" in degraded.message
+    assert "w9 (pool gpu, 3 group(s) trained on before it was caught): made-up log-probs" in degraded.message
 
 
 def test_learning_signal_follows_the_coordinators_warnings(make_job: Any) -> None:
