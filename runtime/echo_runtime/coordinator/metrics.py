@@ -222,6 +222,24 @@ class StateCollector(Collector):
             before.add_metric([job, pool], trained[pool])
         yield before
 
+        lapsed = CounterMetricFamily(
+            _PREFIX + "leases_lapsed",
+            "Leases that ran out while their worker was alive (re-issued), per pool.",
+            labels=["job", "pool"],
+        )
+        suspected = GaugeMetricFamily(
+            _PREFIX + "workers_suspected_withholding",
+            "Workers whose lapsed leases and submitted rewards suggest they submit only the groups they like.",
+            labels=["job", "pool"],
+        )
+        flagged = collections.Counter(w.pool for w in s.roster.workers.values() if w.withholding is not None)
+        for pool in sorted(set(s.config.pools) | set(s.tallies)):
+            tally = s.tallies.get(pool)
+            lapsed.add_metric([job, pool], tally.lapsed if tally is not None else 0)
+            suspected.add_metric([job, pool], flagged[pool])
+        yield lapsed
+        yield suspected
+
         untrusted = CounterMetricFamily(
             _PREFIX + "rollouts_rejected",
             "Group submissions refused by a trust check, per pool and reason.",

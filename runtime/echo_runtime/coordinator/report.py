@@ -35,6 +35,9 @@ def status_document(coordinator: state.CoordinatorState, now: float, wall_now: f
                 rollouts_per_second=round(w.rate.rate(now), 3),
                 stuck=coordinator.roster.stuck(w, now),
                 quarantined=w.quarantine is not None,
+                submitted_groups=w.tally.groups,
+                lapsed_leases=w.tally.lapsed,
+                withholding=w.withholding,
             )
         )
     summaries = {}

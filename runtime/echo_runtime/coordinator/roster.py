@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import secrets
 
-from echo_runtime.coordinator import counters, errors, quarantine, wire
+from echo_runtime.coordinator import counters, errors, quarantine, wire, withholding
 from echo_runtime.coordinator.config import CoordinatorConfig
 
 
@@ -59,6 +59,10 @@ class WorkerRecord:
     """How long its groups take, lease to submission (a moving average; pacing in time)."""
     consumed_groups: int = 0
     """Its groups handed to the trainer in batches and not withdrawn: what steps trained on."""
+    tally: withholding.Tally = dataclasses.field(default_factory=withholding.Tally)
+    """Groups it submitted, their rewards, and its leases that lapsed (:mod:`.withholding`)."""
+    withholding: str | None = None
+    """Why it looks like it withholds groups, when its last test said so."""
 
 
 class Roster:

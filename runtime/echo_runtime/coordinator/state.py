@@ -69,6 +69,7 @@ from echo_runtime.coordinator import (
     signal,
     trust,
     wire,
+    withholding,
 )
 from echo_runtime.coordinator.config import CoordinatorConfig
 from echo_runtime.tasks import base as tasks_base
@@ -115,6 +116,8 @@ class CoordinatorState:
         """Sequential mode: the trainer waits for a batch, so batchSize tasks may be leased."""
         self.roster = roster.Roster(config)
         self.quarantined = quarantine.Quarantines()
+        self.tallies: dict[str, withholding.Tally] = {}
+        """Per pool, over every worker it ever had: groups submitted, their rewards, leases lapsed."""
         self.pacing = pacing.Pacing(config)
         self.handout = handout.Handout()
         self.counters = counters.Counters(rate=counters.RateWindow(config.rate_window, now))
@@ -197,7 +200,13 @@ class CoordinatorState:
             del self.roster.workers[worker_id]
             released += len(self.ledger.release_worker(worker_id))
         self.counters.workers_expired += len(dead)
-        hoarders = {worker for _, worker in self.ledger.overdue(now)}
+        overdue = self.ledger.overdue(now)
+        hoarders = {worker for _, worker in overdue}
+        for _, worker_id in overdue:
+            lapsing = self.roster.workers.get(worker_id)
+            if lapsing is not None:
+                lapsing.tally.lapsed += 1
+                self.tallies.setdefault(lapsing.pool, withholding.Tally()).lapsed += 1
         released += len(self.ledger.expire(now))
         for worker_id in sorted(hoarders):
             worker = self.roster.workers.get(worker_id)
@@ -320,7 +329,47 @@ class CoordinatorState:
         errors: int = 0,
     ) -> wire.SubmitReply:
         """Buffer (or drop as stale) a prepared group with its rewards. The lease is checked again (it may
-        have expired, or the worker been quarantined, while the group was scored)."""
+        have expired, or the worker been quarantined, while the group was scored). Then the worker's
+        record of submissions and lapses is judged for withholding (:mod:`.withholding`)."""
+        reply = self._commit(prepared, rewards, now, timeouts=timeouts, errors=errors)
+        if reply.outcome != "duplicate":
+            self._watch(prepared.worker_id, reply.rewards)
+        return reply
+
+    def _watch(self, worker_id: str, rewards: Sequence[float]) -> None:
+        worker = self.roster.workers.get(worker_id)
+        if worker is None or worker.quarantine is not None:
+            return
+        worker.tally.submitted(list(rewards))
+        pool = self.tallies.setdefault(worker.pool, withholding.Tally())
+        pool.submitted(list(rewards))
+        if not withholding.due(worker.tally.groups):
+            return
+        others = pool.minus(worker.tally)
+        if others.groups < withholding.MIN_GROUPS:  # too few others in its pool: the whole job's
+            everyone = withholding.Tally()
+            for tally in self.tallies.values():
+                everyone = withholding.Tally(
+                    everyone.groups + tally.groups,
+                    everyone.total + tally.total,
+                    everyone.squares + tally.squares,
+                    everyone.lapsed + tally.lapsed,
+                )
+            others = everyone.minus(worker.tally)
+        verdict = withholding.judge(worker.tally, others)
+        worker.withholding = None if verdict is None else verdict.message
+        if verdict is not None and verdict.quarantine:
+            self._quarantine(worker_id, f"withholding: {verdict.message}", None, self.t_train)
+
+    def _commit(
+        self,
+        prepared: Prepared,
+        rewards: Sequence[tasks_base.Reward],
+        now: float,
+        *,
+        timeouts: int,
+        errors: int,
+    ) -> wire.SubmitReply:
         worker_id, task_id, req = prepared.worker_id, prepared.task_id, prepared.request
         worker = self.roster.active(worker_id)
         repeat = self._duplicate(worker, task_id, now)

@@ -312,6 +312,13 @@ class WorkerStatus(WireModel):
     load within its lease timeout."""
     quarantined: bool = False
     """The trainer caught it (see ``quarantined`` in the status document); it is refused from now on."""
+    submitted_groups: int = 0
+    """Groups it submitted that passed the coordinator's checks."""
+    lapsed_leases: int = 0
+    """Its leases that ran out while it was alive (re-issued to others)."""
+    withholding: str | None = None
+    """Set when its lapsed leases and the reward of what it submitted suggest it submits only the groups
+    it likes (coordinator/withholding.py); past a stricter bound it is quarantined."""
 
 
 class BufferStatus(WireModel):
