@@ -71,16 +71,14 @@ def completions(
     the answer's number appears (rewards shape the step, not the measurement)."""
     from echo_runtime.backends import base
     from echo_runtime.backends.transformers import TransformersBackend
+    from echo_runtime.models.prompts import Prompt
 
     rows = random.Random(0).sample([json.loads(line) for line in DATA.read_text().splitlines()], groups)
     backend = TransformersBackend(path, device="cpu", threads=threads)
+    questions = [f"{r['prompt']} Answer with the number only." for r in rows]
+    prompts: list[Prompt] = [((({"role": "user", "content": q}),) if chat else q) for q in questions]
     sampled = backend.sample(
-        [
-            [{"role": "user", "content": f"{r['prompt']} Answer with the number only."}]
-            if chat
-            else f"{r['prompt']} Answer with the number only."
-            for r in rows
-        ],
+        prompts,
         n,
         base.SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, seed=0),
     )
@@ -163,7 +161,7 @@ def measure(
     from echo_runtime.trainer import step, verify
     from echo_runtime.trainer.policy import load_policy
 
-    algorithm = Algorithm(learningRate=lr)  # the manifest's defaults otherwise
+    algorithm = Algorithm.model_validate({"learningRate": lr})  # the manifest's defaults otherwise
     config = step.StepConfig.from_algorithm(algorithm)
     rule = staleness.StalenessPolicy("Async", 1)
     torch.manual_seed(0)

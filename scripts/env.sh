@@ -8,7 +8,12 @@
 # It leaves the caller's shell options as they were (an interactive shell that sources it does not
 # start exiting on its next failing command) and, when a step fails, returns non-zero instead of
 # exiting the caller's shell; a caller running with `set -e` stops there, as before.
+# `set +o` runs in a command substitution, which never inherits errexit (bash drops -e there unless
+# inherit_errexit is on): errexit is read from $- here, in the caller's shell, or a script running with
+# `set -e` that sources this file would silently stop stopping on errors.
 _echorl_options="$(set +o)"
+case $- in *e*) _echorl_options="$_echorl_options
+set -e" ;; esac
 set -uo pipefail
 
 _echorl_env() {

@@ -16,9 +16,9 @@ false; echo "still here"; echo "echorl=$(command -v echorl || true)"
 """
 
 
-def _source(env: dict[str, str] | None = None) -> str:
+def _source(env: dict[str, str] | None = None, options: str = "set +e +u; set +o pipefail;") -> str:
     result = subprocess.run(
-        ["bash", "-c", "set +e +u; set +o pipefail;" + PROBE, "probe", str(ROOT / "scripts" / "env.sh")],
+        ["bash", "-c", options + PROBE, "probe", str(ROOT / "scripts" / "env.sh")],
         capture_output=True,
         text=True,
         timeout=600,
@@ -47,3 +47,20 @@ def test_a_failing_step_returns_non_zero_without_closing_the_shell(tmp_path: Pat
     assert "still here" in out
     flags = out.split("flags=", 1)[1].split("\n", 1)[0]
     assert "e" not in flags and "u" not in flags, flags
+
+
+def test_a_script_running_with_errexit_keeps_it_after_sourcing() -> None:
+    """scripts/test.sh runs `set -euo pipefail` and then sources env.sh: a failing linter must still stop it."""
+    probe = (
+        'set -euo pipefail; source "$1"; echo "flags=$-"; set -o | grep -E "^pipefail"; false; echo "went on"'
+    )
+    result = subprocess.run(
+        ["bash", "-c", probe, "probe", str(ROOT / "scripts" / "env.sh")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    flags = result.stdout.split("flags=", 1)[1].split("\n", 1)[0]
+    assert "e" in flags and "u" in flags, flags
+    assert re.search(r"^pipefail\s+on$", result.stdout, re.M), result.stdout
+    assert "went on" not in result.stdout and result.returncode != 0
