@@ -39,6 +39,11 @@ class SamplingParams:
     top_p: float = 1.0
     max_new_tokens: int = 32
     seed: int | None = None
+    keys: tuple[int, ...] | None = None
+    """Seeded draws (:mod:`echo_runtime.backends.seeded`): one 128-bit key per prompt; row ``r`` of
+    prompt ``p``'s completions draws its token at position ``t`` by inverse CDF from
+    ``uniform(keys[p], r, t)``, so the text is a function of (weights, prompt, key). ``seed`` is then
+    not used."""
 
 
 class Backend(Protocol):

@@ -360,6 +360,7 @@ class MlxBackend:
         for row, ids in enumerate(ids for ids in encoded for _ in range(n)):
             by_length[len(ids)].append(row)
         results: dict[int, Rollout] = {}
+        draws = sampling.seeded_rows(params.keys, len(prompts), n)
         with mx.stream(self._stream_device):
             key = mx.random.key(sampling.resolve_seed(params.seed))
             for length in sorted(by_length):
@@ -368,7 +369,8 @@ class MlxBackend:
                     chunk = rows[start : start + self.max_batch_rows]
                     key, sub = mx.random.split(key)
                     prompt_rows = [encoded[row // n] for row in chunk]
-                    tokens, values = self._decode(prompt_rows, params, sub)
+                    keyed = None if draws is None else [draws[row] for row in chunk]
+                    tokens, values = self._decode(prompt_rows, params, sub, keyed)
                     for row, row_tokens, row_values in zip(chunk, tokens, values, strict=True):
                         results[row] = sampling.finish(
                             self.tokenizer, encoded[row // n], row_tokens, row_values, self.eos_ids
@@ -376,9 +378,14 @@ class MlxBackend:
         return [[results[p * n + i] for i in range(n)] for p in range(len(prompts))]
 
     def _decode(
-        self, rows: list[list[int]], params: base.SamplingParams, key: Any
+        self,
+        rows: list[list[int]],
+        params: base.SamplingParams,
+        key: Any,
+        keyed: list[tuple[int, int]] | None = None,
     ) -> tuple[list[list[int]], list[list[float]]]:
-        """Sample up to ``max_new_tokens`` for equal-length rows; every row's stream, possibly past its EOS."""
+        """Sample up to ``max_new_tokens`` for equal-length rows; every row's stream, possibly past its EOS.
+        ``keyed``: per row its ``(key, row in its group)`` for seeded draws (:mod:`.seeded`)."""
         from mlx_lm.models.cache import make_prompt_cache  # type: ignore[import-not-found,import-untyped,unused-ignore]
 
         cache = make_prompt_cache(self.model)
@@ -390,8 +397,18 @@ class MlxBackend:
         for step in range(params.max_new_tokens):
             logp = log_softmax(logits, params.temperature)
             scaled = top_p_filter(logits.astype(mx.float32) / params.temperature, params.top_p)
-            key, sub = mx.random.split(key)
-            token = mx.random.categorical(scaled, axis=-1, key=sub)
+            if keyed is not None:  # the distribution mlx computes, drawn by the shared inverse CDF
+                import numpy as np
+                import torch
+
+                from echo_runtime.backends import seeded
+
+                probs = torch.from_numpy(np.array(mx.softmax(scaled, axis=-1), copy=True))
+                u = seeded.uniforms([k for k, _ in keyed], [r for _, r in keyed], step)
+                token = mx.array(seeded.draw(probs, u).numpy())
+            else:
+                key, sub = mx.random.split(key)
+                token = mx.random.categorical(scaled, axis=-1, key=sub)
             chosen = mx.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
             done = mx.logical_or(done, mx.any(token[:, None] == eos[None, :], axis=-1))
             mx.eval(token, chosen, done)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from echo_runtime import rollout
-from echo_runtime.backends import base
+from echo_runtime.backends import base, seeded
 from echo_runtime.models import prompts
 
 MAX_SEED = 2**63 - 1
@@ -44,6 +44,22 @@ def check_request(requests: Sequence[prompts.Prompt], n: int, params: base.Sampl
         raise ValueError(f"max_new_tokens must be >= 1, got {params.max_new_tokens!r}")
     if params.seed is not None and not 0 <= params.seed <= MAX_SEED:
         raise ValueError(f"seed must be in [0, 2**63 - 1], got {params.seed!r}")
+    if params.keys is not None:
+        if len(params.keys) != len(requests):
+            raise ValueError(f"keys: one per prompt, got {len(params.keys)} for {len(requests)} prompt(s)")
+        for i, key in enumerate(params.keys):
+            if isinstance(key, bool) or not isinstance(key, int) or not 0 <= key < 1 << seeded.KEY_BITS:
+                raise ValueError(f"keys[{i}]: a {seeded.KEY_BITS}-bit non-negative integer, got {key!r}")
+
+
+def seeded_rows(keys: Sequence[int] | None, prompts: int, n: int) -> list[tuple[int, int]] | None:
+    """Per sampled row (prompt-major, ``n`` rows a prompt) its ``(key, row in its group)``; None
+    without keys."""
+    if keys is None:
+        return None
+    if len(keys) != prompts:
+        raise ValueError(f"keys: one per prompt, got {len(keys)} for {prompts} prompt(s)")
+    return [(keys[p], r) for p in range(prompts) for r in range(n)]
 
 
 def resolve_seed(seed: int | None) -> int:

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from echo_runtime.backends import base, logprobs, sampling, snapshot_files
+from echo_runtime.backends import base, logprobs, sampling, seeded, snapshot_files
 from echo_runtime.models import prompts
 from echo_runtime.models.prompts import Prompt
 from echo_runtime.rollout import Rollout
@@ -64,23 +64,6 @@ def resolve_device(device: str) -> str:
     if device == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
         raise ValueError("device 'mps' was asked for but torch sees no Apple GPU (use 'auto' or 'cpu')")
     return device
-
-
-def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """``logits`` with every token outside the top-p nucleus set to ``-inf`` (the top token always stays).
-
-    The nucleus is the smallest set of most likely tokens whose probability reaches ``top_p``.
-    """
-    if top_p >= 1.0:
-        return logits
-    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-    probs = torch.softmax(sorted_logits, dim=-1)
-    # Mass strictly before each token: a token is kept while that mass is still short of top_p.
-    before = torch.cumsum(probs, dim=-1) - probs
-    drop_sorted = before >= top_p
-    drop_sorted[..., 0] = False
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-    return logits.masked_fill(drop, float("-inf"))
 
 
 class TransformersBackend:
@@ -268,11 +251,13 @@ class TransformersBackend:
         sampling.check_request(prompts, n, params)
         encoded = [self.encode(p) for p in prompts]
         rows = [ids for ids in encoded for _ in range(n)]
+        draws = sampling.seeded_rows(params.keys, len(prompts), n)
         generator = self._generator(sampling.resolve_seed(params.seed))
         flat: list[Rollout] = []
         for start in range(0, len(rows), self.max_batch_rows):
             chunk = rows[start : start + self.max_batch_rows]
-            tokens, values = self._decode(chunk, params, generator)
+            keyed = None if draws is None else draws[start : start + self.max_batch_rows]
+            tokens, values = self._decode(chunk, params, generator, keyed)
             for prompt_ids, row_tokens, row_values in zip(chunk, tokens, values, strict=True):
                 flat.append(sampling.finish(self.tokenizer, prompt_ids, row_tokens, row_values, self.eos_ids))
         return [flat[i * n : (i + 1) * n] for i in range(len(prompts))]
@@ -284,9 +269,14 @@ class TransformersBackend:
 
     @torch.no_grad()
     def _decode(
-        self, rows: list[list[int]], params: base.SamplingParams, generator: torch.Generator
+        self,
+        rows: list[list[int]],
+        params: base.SamplingParams,
+        generator: torch.Generator,
+        keyed: list[tuple[int, int]] | None = None,
     ) -> tuple[list[list[int]], list[list[float]]]:
-        """Sample up to ``max_new_tokens`` for each row; every row's stream, possibly past its EOS."""
+        """Sample up to ``max_new_tokens`` for each row; every row's stream, possibly past its EOS.
+        ``keyed``: per row its ``(key, row in its group)`` for seeded draws (:mod:`.seeded`)."""
         from transformers import DynamicCache
 
         model = self.model
@@ -313,11 +303,14 @@ class TransformersBackend:
         values: list[torch.Tensor] = []
         for step in range(params.max_new_tokens):
             logits = out.logits[:, -1, :].float()
-            scaled = top_p_filter(logits / params.temperature, params.top_p)
-            probs = torch.softmax(scaled, dim=-1)
-            if probs.device.type != generator.device.type:
-                probs = probs.to(generator.device)
-            token = torch.multinomial(probs, 1, generator=generator).to(self.device).squeeze(-1)
+            probs = seeded.distribution(logits, params.temperature, params.top_p)
+            if keyed is not None:
+                u = seeded.uniforms([k for k, _ in keyed], [r for _, r in keyed], step)
+                token = seeded.draw(probs, u).to(self.device)
+            else:
+                if probs.device.type != generator.device.type:
+                    probs = probs.to(generator.device)
+                token = torch.multinomial(probs, 1, generator=generator).to(self.device).squeeze(-1)
             tokens.append(token)
             values.append(logprobs.token_logprobs(logits, token, params.temperature))
             done |= torch.isin(token, eos)

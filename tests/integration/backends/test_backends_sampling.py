@@ -116,3 +116,51 @@ def test_bad_requests_are_rejected(name: str, make_backend: Callable[..., Any]) 
         backend.score_logprobs([1, 2], [3], 0.0)
     assert backend.sample([], 2, base.SamplingParams()) == []
     assert backend.score_logprobs([1, 2], [], 1.0) == []
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_keyed_draws_are_the_keys_and_pass_the_trainers_interval_check(
+    name: str, make_backend: Callable[..., Any], tiny_model: Path
+) -> None:
+    """With keys, a completion is a function of (weights, prompt, key): the same whatever ``seed`` or
+    chunking, different for another key; and every token's interval of the trainer's recomputed
+    distribution contains its uniform (within float rounding: both compute float32 probabilities)."""
+    from echo_runtime.backends import seeded
+    from echo_runtime.spec.policy import Model
+    from echo_runtime.trainer import policy as trainer_policy
+
+    keys = tuple(1000 + 17 * i for i in range(len(PROMPTS)))
+    params = base.SamplingParams(temperature=0.9, top_p=0.95, max_new_tokens=10, keys=keys)
+    backend = make_backend(name)
+    first = backend.sample(PROMPTS, 3, params)
+    assert backend.sample(PROMPTS, 3, base.SamplingParams(**{**params.__dict__, "seed": 99})) == first
+    chunked = make_backend(name, max_batch_rows=2).sample(PROMPTS, 3, params)  # other padding: float rounding
+    assert [r.completion_ids for g in chunked for r in g] == [r.completion_ids for g in first for r in g]
+    other = backend.sample(
+        PROMPTS, 3, base.SamplingParams(**{**params.__dict__, "keys": (5,) * len(PROMPTS)})
+    )
+    assert [r.completion_ids for g in other for r in g] != [r.completion_ids for g in first for r in g]
+    with pytest.raises(ValueError, match="keys: one per prompt"):
+        backend.sample(PROMPTS, 1, base.SamplingParams(keys=(1,)))
+    policy = trainer_policy.load_policy(
+        Model(path=str(tiny_model), finetune="Full"), model_dir=str(tiny_model)
+    )
+    worst, departed = 0.0, []
+    with torch.no_grad():
+        for key, group in zip(keys, first, strict=True):
+            for row, r in enumerate(group):
+                packed = trainer_policy.pack([r], policy.pad_id)
+                logits = trainer_policy.completion_logits(policy.model.eval(), packed)
+                probs = seeded.distribution(logits, params.temperature, params.top_p)
+                tokens = torch.tensor(r.completion_ids)
+                mine = torch.tensor(
+                    [seeded.uniform(key, row, t) for t in range(len(tokens))], dtype=torch.float64
+                )
+                worst = max(worst, float(seeded.violations(probs, tokens, mine).max()))
+                # The same text claimed for another row (a chosen sample) departs from that row's draws.
+                theirs = torch.tensor(
+                    [seeded.uniform(key, row + 3, t) for t in range(len(tokens))], dtype=torch.float64
+                )
+                departed.append(float(seeded.violations(probs, tokens, theirs).max()))
+    assert worst < 1e-4, worst
+    assert sum(d > 1e-3 for d in departed) >= 0.9 * len(departed), departed

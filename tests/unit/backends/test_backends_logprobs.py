@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from echo_runtime.backends import logprobs
-from echo_runtime.backends import transformers as torch_backend
+from echo_runtime.backends import logprobs, seeded
 
 
 class _ToyLM(torch.nn.Module):
@@ -64,7 +63,7 @@ PROBS = [0.5, 0.3, 0.15, 0.05]
 def test_torch_top_p_keeps_the_smallest_nucleus(top_p: float, kept: set[int]) -> None:
     order = [2, 0, 3, 1]  # shuffled, so the filter must sort and unsort
     logits = torch.log(torch.tensor([[PROBS[i] for i in order]]))
-    filtered = torch_backend.top_p_filter(logits, top_p)
+    filtered = seeded.top_p_filter(logits, top_p)
     survivors = {order[i] for i in range(4) if math.isfinite(filtered[0, i].item())}
     assert survivors == kept
     finite = torch.isfinite(filtered)
@@ -78,7 +77,7 @@ def test_mlx_top_p_and_log_softmax_match_torch() -> None:
     rng = np.random.default_rng(0)
     logits = rng.standard_normal((6, 50)).astype(np.float32) * 3
     for top_p in (1.0, 0.95, 0.6, 0.2):
-        by_torch = torch.isfinite(torch_backend.top_p_filter(torch.from_numpy(logits), top_p)).numpy()
+        by_torch = torch.isfinite(seeded.top_p_filter(torch.from_numpy(logits), top_p)).numpy()
         by_mlx = np.isfinite(np.array(mlx_backend.top_p_filter(mx.array(logits), top_p)))
         assert (by_torch == by_mlx).all(), top_p
     ours = np.array(mlx_backend.log_softmax(mx.array(logits), 0.7))
