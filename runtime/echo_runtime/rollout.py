@@ -167,6 +167,9 @@ class Group:
     """The coordinator's task id (for logs)."""
     worker: str = ""
     """The id of the worker that generated it (the trainer's log-prob check convicts workers)."""
+    key: str | None = None
+    """The seeded-draw key of the lease it was sampled under (``backends/seeded.py``): rollout ``i`` drew
+    its token at position ``t`` from ``uniform(key, i, t)``. None: not drawn with a key."""
 
     def __post_init__(self) -> None:
         if not self.rollouts:

@@ -38,6 +38,16 @@ if TYPE_CHECKING:  # torch only where tensors are drawn: the coordinator imports
     import torch
 
 KEY_BITS = 128
+BACKENDS = frozenset({"transformers", "mlx"})
+"""The backends that draw with keys. vLLM does not yet (its sampler would need a hook): its rollouts
+are not checked token by token."""
+
+
+def parse_key(text: str) -> int:
+    """A key as the coordinator sends it (32 hex digits) → int; ValueError naming what is wrong."""
+    if len(text) != KEY_BITS // 4 or any(c not in "0123456789abcdef" for c in text):
+        raise ValueError(f"key: {KEY_BITS // 4} lowercase hex digits, got {text!r}")
+    return int(text, 16)
 
 
 def uniform(key: int, row: int, position: int) -> float:

@@ -64,6 +64,8 @@ class Entry(Generic[P, G]):
     group: G | None = None
     version: int | None = None
     """The group's policy version (the oldest of its rollouts) once buffered."""
+    key: str | None = None
+    """The seeded-draw key of its latest lease (:mod:`echo_runtime.backends.seeded`), fresh each lease."""
 
 
 class TaskLedger(Generic[P, G]):

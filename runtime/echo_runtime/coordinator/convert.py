@@ -100,6 +100,7 @@ def group_out(
         staleness=version - policy_version,
         importance_weighted=importance_weighted,
         rollouts=[rollout_out(r, version) for r in group.rollouts],
+        key=group.key,
     )
 
 
@@ -147,7 +148,11 @@ def batch_in(
             except (ValueError, TypeError) as exc:
                 raise ValueError(f"groups[{gi}].rollouts[{ri}]: {exc}") from exc
         try:
-            built.append(rollouts.Group(rollouts=tuple(members), id=group.task_id, worker=group.worker_id))
+            built.append(
+                rollouts.Group(
+                    rollouts=tuple(members), id=group.task_id, worker=group.worker_id, key=group.key
+                )
+            )
         except ValueError as exc:
             raise ValueError(f"groups[{gi}]: {exc}") from exc
     return rollouts.Batch(version=version, groups=tuple(built))  # names groups[i] itself

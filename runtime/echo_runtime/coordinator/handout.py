@@ -9,9 +9,10 @@ coordinator's :class:`~.buffer.TaskLedger` carries; :func:`group_out` turns a bu
 
 * there is one batch per version: asking again at the version of the last batch returns that batch
   (a retry after a lost reply), so a step consumes it exactly once;
-* a trainer resumed at the version before the last batch's, that last version never published (a
-  prefetching trainer died between asking at ``t + 1`` and publishing it), gets its own batch again
-  and the prefetched one is withdrawn (:meth:`Handout.rewind`);
+* a trainer resumed at the version of one of the :data:`REWIND_BACK` batches before the last, none of
+  the versions after it published (a prefetching trainer died after asking at ``t + 1``, or at
+  ``t + 2`` with the upload of ``t + 1`` still in flight, and resumes from the newest published
+  version ``t``), gets its own batch again and the later ones are withdrawn (:meth:`Handout.rewind`);
 * a quarantined worker's groups are withdrawn from the batch the trainer is about to train on, and
   only from that one: an older batch was trained on already (:meth:`Handout.withdraw_worker`).
 
@@ -61,16 +62,21 @@ class Withdrawal:
     entries: list[Entry]
 
 
+REWIND_BACK = 2
+"""Batches before the last one kept for a rewind: the trainer prefetches one batch ahead and uploads one
+version in the background, so it can be two batches ahead of the newest published version."""
+
+
 class Handout:
-    """The last two batches handed to the trainer; see the module docstring."""
+    """The last batches handed to the trainer; see the module docstring."""
 
     def __init__(self) -> None:
         self.last_batch: wire.BatchReply | None = None
         """The last batch handed out, returned again if the trainer retries the same version."""
         self._taken: list[Entry] = []
-        # The batch before last_batch: a prefetching trainer that dies after asking at v + 1 but before
-        # publishing it is resumed at v, and gets v's batch again (rewind).
-        self._previous: tuple[wire.BatchReply, list[Entry]] | None = None
+        # The batches before last_batch, oldest first: a prefetching trainer that dies before publishing
+        # what it trained on them is resumed at one of their versions and gets that batch again (rewind).
+        self._earlier: list[tuple[wire.BatchReply, list[Entry]]] = []
 
     @property
     def last_version(self) -> int | None:
@@ -85,27 +91,32 @@ class Handout:
         return self.last_batch if self.last_version == version else None
 
     def may_rewind(self, version: int, t_train: int, published: int) -> bool:
-        """Whether a request at ``version`` is a resumed trainer's whose prefetched successor was never
-        published: ``version`` is the batch before last, below ``t_train``, and not before ``published``."""
+        """Whether a request at ``version`` is a resumed trainer's whose later batches never became a
+        published version: ``version`` is one of the kept batches before the last, below ``t_train``, and
+        not before ``published``."""
         return (
-            self._previous is not None
-            and version == self._previous[0].version
+            any(batch.version == version for batch, _ in self._earlier)
             and version < t_train
             and published <= version
         )
 
-    def rewind(self) -> tuple[wire.BatchReply, Withdrawal | None]:
-        """Hand the batch before last out again (the caller checked :meth:`may_rewind`); the last one,
-        prefetched and never trained on, is withdrawn. ``t_train`` goes back to the batch's version."""
-        assert self._previous is not None
-        batch, taken = self._previous
-        withdrawn = None if self.last_batch is None else Withdrawal(self.last_batch.version, self._taken)
-        self.last_batch, self._taken, self._previous = batch, taken, None
+    def rewind(self, version: int) -> tuple[wire.BatchReply, list[Withdrawal]]:
+        """Hand the batch of ``version`` out again (the caller checked :meth:`may_rewind`); every batch
+        handed after it, never trained into a published version, is withdrawn. ``t_train`` goes back to
+        ``version``."""
+        at = next(i for i, (batch, _) in enumerate(self._earlier) if batch.version == version)
+        batch, taken = self._earlier[at]
+        later = self._earlier[at + 1 :] + (
+            [] if self.last_batch is None else [(self.last_batch, self._taken)]
+        )
+        withdrawn = [Withdrawal(b.version, t) for b, t in later if t]
+        self.last_batch, self._taken, self._earlier = batch, taken, self._earlier[:at]
         return batch, withdrawn
 
     def hand(self, version: int, entries: list[Entry], groups: list[wire.GroupOut]) -> wire.BatchReply:
         """Record the batch of ``version``: ``entries`` taken from the ledger, as ``groups`` on the wire."""
-        self._previous = None if self.last_batch is None else (self.last_batch, self._taken)
+        if self.last_batch is not None:
+            self._earlier = [*self._earlier, (self.last_batch, self._taken)][-REWIND_BACK:]
         self._taken = entries
         self.last_batch = wire.BatchReply(ready=True, version=version, groups=groups)
         return self.last_batch

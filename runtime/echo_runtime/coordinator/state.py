@@ -57,6 +57,7 @@ import secrets
 from collections.abc import Iterator, Sequence
 
 from echo_runtime import rollout, staleness
+from echo_runtime.backends import seeded
 from echo_runtime.coordinator import (
     buffer,
     convert,
@@ -250,6 +251,7 @@ class CoordinatorState:
         tasks = []
         for entry, floor in zip(entries, floors, strict=False):
             problem = entry.payload.problem
+            entry.key = secrets.token_hex(seeded.KEY_BITS // 8)  # fresh each lease: unknown until leased
             tasks.append(
                 wire.TaskOut(
                     task_id=entry.id,
@@ -261,6 +263,7 @@ class CoordinatorState:
                         temperature=self.config.temperature,
                         top_p=self.config.top_p,
                         max_new_tokens=self.config.max_new_tokens,
+                        key=entry.key,
                     ),
                     lease_seconds=self.config.task_timeout,
                 )
@@ -404,7 +407,10 @@ class CoordinatorState:
                 reason="filtered: every reward of the group is equal (dynamic sampling)",
             )
         self._plan_for_filter()
-        self.ledger.complete(task_id, worker_id, rollout.Group(scored, id=task_id, worker=worker_id), version)
+        key = entry.key if worker.backend in seeded.BACKENDS else None  # vLLM: not drawn with keys
+        self.ledger.complete(
+            task_id, worker_id, rollout.Group(scored, id=task_id, worker=worker_id, key=key), version
+        )
         worker.overdue = 0
         worker.rate.add(now, len(scored))
         self.counters.accepted(len(scored), now)
@@ -523,9 +529,9 @@ class CoordinatorState:
         if again is not None:
             return again
         if self.handout.may_rewind(version, self.t_train, self.published):
-            batch, withdrawn = self.handout.rewind()
-            if withdrawn is not None:
-                self._withdraw(withdrawn)
+            batch, withdrawn = self.handout.rewind(version)
+            for withdrawal in withdrawn:
+                self._withdraw(withdrawal)
             self.t_train = batch.version
             self.pacing.rewound()
             return batch

@@ -149,6 +149,11 @@ class TaskSampling(WireModel):
     temperature: float
     top_p: float
     max_new_tokens: int
+    key: str | None = None
+    """Seeded draws: 32 hex digits (128 bits), fresh for this lease. A backend that draws with keys
+    (transformers, mlx) takes row ``r``'s token at position ``t`` from ``uniform(key, r, t)``
+    (``backends/seeded.py``), so the group's text is a function of (weights, prompt, key) and the trainer
+    can check it token by token."""
 
 
 class TaskOut(WireModel):
@@ -281,6 +286,9 @@ class GroupOut(WireModel):
     importance_weighted: bool
     """Apply truncated importance weights to this group (staleAction ImportanceWeight, staleness > 0)."""
     rollouts: list[RolloutOut]
+    key: str | None = None
+    """The seeded-draw key its rollouts were drawn with (row i from ``uniform(key, i, t)``); None when its
+    worker's backend does not draw with keys."""
 
 
 class BatchReply(WireModel):

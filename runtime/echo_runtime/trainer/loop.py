@@ -361,6 +361,7 @@ class Trainer:
             checks=sync.logprob_checks_per_group,
             bound=sync.max_logprob_mismatch,
             temperature=self.job.spec.algorithm.sampling.temperature,
+            top_p=self.job.spec.algorithm.sampling.top_p,
             history=self.history,
         )
         self.checks.add(checked)
@@ -374,7 +375,7 @@ class Trainer:
                 ", ".join(checked.unverified[:3]),
             )
         for worker, worst in checked.caught().items():
-            reason = verify.Checked.reason(worst, checked.bound, batch.version)
+            reason = verify.Checked.reason(worst, checked.bound, batch.version, checked.draw_bound)
             _log.error("quarantining worker %s: %s", worker, reason)
             coordinator.quarantine(worker, reason, version=batch.version, mismatch=worst.mean_abs)
             self.quarantined.add(worker)

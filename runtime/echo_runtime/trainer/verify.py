@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import random
 import secrets
 from collections.abc import Callable, Iterator, Sequence
@@ -46,10 +47,20 @@ from pathlib import Path
 
 import torch
 
+from echo_runtime.backends import seeded
+from echo_runtime.backends.logprobs import token_logprobs
 from echo_runtime.rollout import Batch, Rollout
-from echo_runtime.trainer.policy import TrainablePolicy, completion_logprobs, pack
+from echo_runtime.trainer.policy import TrainablePolicy, completion_logits, pack
 
 _SYSTEM_RANDOM = secrets.SystemRandom()
+DRAW_BOUND = 1e-3
+"""How far (probability mass) a checked token's interval may miss its key's uniform before the token
+counts as not drawn: float32 backends miss by ≤ 1e-5 on rounding (tests/integration/backends).
+Only rollouts sampled in float32 and checked by a float32 trainer convict on it: half-precision
+backends have not been measured yet (``scripts/gpu-check.sh``), so their gaps are recorded, not judged."""
+PRECISE = frozenset({"float32", "float64"})
+DRAW_CHUNK_ELEMENTS = 1 << 24
+"""Logits turned into a distribution at a time (64 MiB of float32), whatever the vocabulary."""
 _log = logging.getLogger(__name__)
 
 
@@ -130,6 +141,11 @@ class GroupCheck:
     tokens: int
     mean_abs: float
     max_abs: float
+    draw_gap: float | None = None
+    """For a group drawn with a key: the largest distance between a checked token's interval and its
+    key's uniform (0 when every token is its draw); None without a key."""
+    off_draw: int = 0
+    """Checked tokens further than the draw bound from their draw."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,19 +157,33 @@ class Checked:
     bound: float
     unverified: tuple[str, ...] = ()
     """Groups whose claimed version's weights could not be had: never to be trained on."""
+    draw_bound: float = 1e-3
+
+    def convicts(self, check: GroupCheck) -> bool:
+        """Whether ``check`` convicts its worker: log-probs above the bound, or a token not its draw."""
+        return check.mean_abs > self.bound or check.off_draw > 0
 
     def caught(self) -> dict[str, GroupCheck]:
-        """Workers with a checked group above the bound (their worst group)."""
+        """Workers with a convicting checked group (their worst group)."""
         out: dict[str, GroupCheck] = {}
         for check in self.groups:
-            if check.mean_abs > self.bound and (
-                check.worker not in out or check.mean_abs > out[check.worker].mean_abs
+            if self.convicts(check) and (
+                check.worker not in out
+                or (check.off_draw, check.mean_abs) > (out[check.worker].off_draw, out[check.worker].mean_abs)
             ):
                 out[check.worker] = check
         return out
 
     @staticmethod
-    def reason(check: GroupCheck, bound: float, version: int) -> str:
+    def reason(check: GroupCheck, bound: float, version: int, draw_bound: float = 1e-3) -> str:
+        if check.off_draw > 0 and check.mean_abs <= bound:
+            return (
+                f"text not drawn from its lease's key: {check.off_draw} checked token(s) of group "
+                f"{check.group_id} lie outside the interval their key's uniform falls in, by up to "
+                f"{check.draw_gap:.3g} of probability mass (above {draw_bound:g}), recomputed with the weights "
+                f"of version {check.version} (trainer at {version}): the worker chose the text, or sampled it "
+                "another way"
+            )
         return (
             f"behaviour log-probs disagree with the trainer's recomputation with the weights of version "
             f"{check.version}, the version they claim (trainer at {version}): mean "
@@ -191,22 +221,29 @@ def check_batch(
     rng: random.Random = _SYSTEM_RANDOM,
     max_rows: int = 16,
     history: History | None = None,
+    top_p: float = 1.0,
+    draw_bound: float = DRAW_BOUND,
 ) -> Checked:
     """Recompute ``checks`` random rollouts of every group with the weights of the version each claims
     and compare (module docstring). The policy holds ``batch.version``; without a ``history`` only groups
     of that version can be checked, and the others are :attr:`Checked.unverified`."""
-    by_version: dict[int, list[tuple[int, Rollout]]] = {}
+    by_version: dict[int, list[tuple[int, int, Rollout]]] = {}
     for gi, group in enumerate(batch.groups):
         if checks <= 0 or not group.rollouts:
             continue
-        for r in rng.sample(group.rollouts, min(checks, len(group.rollouts))):
-            by_version.setdefault(r.policy_version, []).append((gi, r))
+        for ri in rng.sample(range(len(group.rollouts)), min(checks, len(group.rollouts))):
+            r = group.rollouts[ri]
+            by_version.setdefault(r.policy_version, []).append((gi, ri, r))
     if not by_version:
         return Checked(batch.version, (), bound)
     if history is not None:
         history.remember(batch.version, policy)
     per_group: dict[tuple[int, int], list[torch.Tensor]] = {}
+    gaps: dict[tuple[int, int], list[torch.Tensor]] = {}
+    judged: dict[tuple[int, int], list[torch.Tensor]] = {}
     unverified: set[int] = set()
+    param = next(policy.model.parameters(), None)
+    precise = param is None or param.dtype in (torch.float32, torch.float64)
     with _evaluating(policy.model):
         for version in sorted(by_version, reverse=True):  # the current version first: no swap
             picked = by_version[version]
@@ -217,23 +254,37 @@ def check_batch(
             )
             with weights as available:
                 if not available:
-                    unverified.update(gi for gi, _ in picked)
+                    unverified.update(gi for gi, _, _ in picked)
                     continue
                 for start in range(0, len(picked), max_rows):
                     chunk = picked[start : start + max_rows]
-                    packed = pack([r for _, r in chunk], policy.pad_id, policy.device)
-                    recomputed = completion_logprobs(policy.model, packed, temperature).float()
+                    packed = pack([r for _, _, r in chunk], policy.pad_id, policy.device)
+                    mask = packed.mask.bool()
+                    logits = completion_logits(policy.model, packed)  # [tokens, vocab], row by row
+                    values = token_logprobs(logits, packed.targets[mask], temperature).float()
+                    recomputed = torch.zeros(mask.shape, dtype=values.dtype, device=values.device)
+                    recomputed = recomputed.masked_scatter(mask, values)
                     delta = (packed.behaviour.float() - recomputed).abs() * packed.mask
-                    for row, (gi, _) in enumerate(chunk):
-                        per_group.setdefault((gi, version), []).append(
-                            delta[row][packed.mask[row].bool()].cpu()
-                        )
+                    drawn = _draw_gaps(logits, chunk, batch, temperature, top_p)
+                    offset = 0
+                    for row, (gi, _, r) in enumerate(chunk):
+                        per_group.setdefault((gi, version), []).append(delta[row][mask[row]].cpu())
+                        if drawn is not None and batch.groups[gi].key is not None:
+                            row_gaps = drawn[offset : offset + len(r.completion_ids)]
+                            gaps.setdefault((gi, version), []).append(row_gaps)
+                            judge = precise and r.dtype in PRECISE  # half precision: recorded, not judged
+                            judged.setdefault((gi, version), []).append(
+                                row_gaps if judge else torch.zeros_like(row_gaps)
+                            )
+                        offset += len(r.completion_ids)
     found = []
     for (gi, version), rows in sorted(per_group.items()):
         if gi in unverified:
             continue
         values = torch.cat(rows).double()
         group = batch.groups[gi]
+        drawn = torch.cat(gaps[(gi, version)]) if (gi, version) in gaps else None
+        counted = torch.cat(judged[(gi, version)]) if (gi, version) in judged else None
         found.append(
             GroupCheck(
                 group_id=group.id,
@@ -243,11 +294,50 @@ def check_batch(
                 tokens=int(values.numel()),
                 mean_abs=float(values.mean()) if values.numel() else 0.0,
                 max_abs=float(values.max()) if values.numel() else 0.0,
+                draw_gap=float(drawn.max()) if drawn is not None and drawn.numel() else None,
+                off_draw=int((counted > draw_bound).sum()) if counted is not None else 0,
             )
         )
     return Checked(
-        batch.version, tuple(found), bound, tuple(batch.groups[gi].id for gi in sorted(unverified))
+        batch.version,
+        tuple(found),
+        bound,
+        tuple(batch.groups[gi].id for gi in sorted(unverified)),
+        draw_bound,
     )
+
+
+def _draw_gaps(
+    logits: torch.Tensor,
+    chunk: Sequence[tuple[int, int, Rollout]],
+    batch: Batch,
+    temperature: float,
+    top_p: float,
+) -> torch.Tensor | None:
+    """Per completion token of ``chunk`` (in ``logits``' order), how far its key's uniform lies outside
+    the token's interval of the recomputed distribution (:func:`echo_runtime.backends.seeded.violations`);
+    NaN for rollouts of groups without a key; None when no group of the chunk has one."""
+    if all(batch.groups[gi].key is None for gi, _, _ in chunk):
+        return None
+    uniforms: list[float] = []
+    tokens: list[int] = []
+    for gi, ri, r in chunk:
+        key = batch.groups[gi].key
+        k = seeded.parse_key(key) if key is not None else None
+        uniforms.extend(
+            seeded.uniform(k, ri, t) if k is not None else math.nan for t in range(len(r.completion_ids))
+        )
+        tokens.extend(r.completion_ids)
+    u = torch.tensor(uniforms, dtype=torch.float64)
+    ids = torch.tensor(tokens, dtype=torch.long)
+    out = torch.full((len(tokens),), math.nan, dtype=torch.float64)
+    step = max(1, DRAW_CHUNK_ELEMENTS // max(1, logits.shape[-1]))
+    for start in range(0, len(tokens), step):
+        probs = seeded.distribution(logits[start : start + step], temperature, top_p)
+        out[start : start + step] = seeded.violations(
+            probs, ids[start : start + step], u[start : start + step]
+        ).cpu()
+    return out.nan_to_num(nan=0.0) if not torch.isnan(u).all() else None
 
 
 @dataclasses.dataclass
@@ -257,20 +347,25 @@ class WorkerStats:
     tokens: dict[str, int] = dataclasses.field(default_factory=dict)
     abs_sum: dict[str, float] = dataclasses.field(default_factory=dict)
     worst: dict[str, float] = dataclasses.field(default_factory=dict)
+    draw_gap: dict[str, float] = dataclasses.field(default_factory=dict)
+    """The largest distance of a checked token from its key's draw, for workers whose groups had keys."""
 
     def add(self, checked: Checked) -> None:
         for c in checked.groups:
             self.tokens[c.worker] = self.tokens.get(c.worker, 0) + c.tokens
             self.abs_sum[c.worker] = self.abs_sum.get(c.worker, 0.0) + c.mean_abs * c.tokens
             self.worst[c.worker] = max(self.worst.get(c.worker, 0.0), c.mean_abs)
+            if c.draw_gap is not None:
+                self.draw_gap[c.worker] = max(self.draw_gap.get(c.worker, 0.0), c.draw_gap)
 
     def record(self, workers: Sequence[str]) -> dict[str, dict[str, float]]:
-        """``{worker: {tokens, meanAbs, worstGroup}}`` for ``workers`` that have been checked."""
+        """``{worker: {tokens, meanAbs, worstGroup[, worstDrawGap]}}`` for ``workers`` that have been checked."""
         return {
             w: {
                 "tokens": self.tokens[w],
                 "meanAbs": self.abs_sum[w] / self.tokens[w] if self.tokens[w] else 0.0,
                 "worstGroup": self.worst[w],
+                **({"worstDrawGap": self.draw_gap[w]} if w in self.draw_gap else {}),
             }
             for w in workers
             if w in self.tokens

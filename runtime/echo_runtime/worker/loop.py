@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from echo_runtime.backends import base as backend_base
+from echo_runtime.backends import seeded
 from echo_runtime.coordinator import client as coord
 from echo_runtime.coordinator import convert, wire
 from echo_runtime.snapshots import SnapshotStore
@@ -228,10 +229,14 @@ class Worker:
     def _sample_and_submit(self, tasks: list[wire.TaskOut]) -> None:
         # Tasks of one lease share sampling settings and group size (one job); batch them together.
         first = tasks[0]
+        keys = [t.sampling.key for t in tasks]
+        # Seeded draws when every task has a key and the backend draws with keys (backends/seeded.py).
+        keyed = self.backend.name in seeded.BACKENDS and all(k is not None for k in keys)
         params = backend_base.SamplingParams(
             temperature=first.sampling.temperature,
             top_p=first.sampling.top_p,
             max_new_tokens=first.sampling.max_new_tokens,
+            keys=tuple(seeded.parse_key(k) for k in keys if k is not None) if keyed else None,
         )
         version = self.loaded_version
         started = self._clock()

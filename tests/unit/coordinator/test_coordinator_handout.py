@@ -102,11 +102,32 @@ def test_a_resumed_trainer_rewinds_to_the_batch_before_a_never_published_prefetc
     assert h.may_rewind(3, t_train=4, published=3)
     assert not h.may_rewind(3, t_train=4, published=4)  # 4 was published: trained on, no going back
     assert not h.may_rewind(3, t_train=3, published=3)  # not behind t_train
-    assert not h.may_rewind(2, t_train=4, published=2)  # not the batch before last
-    again, withdrawn = h.rewind()
+    assert not h.may_rewind(2, t_train=4, published=2)  # never handed out
+    again, withdrawn = h.rewind(3)
     assert again is at_3 and h.again(3) is at_3 and h.again(4) is None
-    assert withdrawn is not None and withdrawn.version == 4 and withdrawn.entries == [prefetched]
+    assert [(w.version, w.entries) for w in withdrawn] == [(4, [prefetched])]
     assert not h.may_rewind(3, t_train=4, published=3)  # once: the batch before is forgotten
+
+
+def test_a_trainer_two_batches_ahead_of_the_store_rewinds_two() -> None:
+    """Batch 4 prefetched while 4's upload ran, then 5 prefetched: killed, it resumes at 3 (the newest
+    published) and gets 3's batch again; 4's and 5's groups are withdrawn. Three back is too far."""
+    h = handout.Handout()
+    at_3 = batch(h, 3, entry("a", "w", (3, 3)))
+    b4, b5 = entry("b", "w", (3, 3)), entry("c", "w", (4, 4))
+    batch(h, 4, b4)
+    batch(h, 5, b5)
+    assert h.may_rewind(3, t_train=5, published=3) and h.may_rewind(4, t_train=5, published=3)
+    assert not h.may_rewind(3, t_train=5, published=4)  # 4 was published: 3's batch was trained on
+    batch(h, 6, entry("d", "w", (5, 5)))
+    assert not h.may_rewind(3, t_train=6, published=3)  # only REWIND_BACK batches are kept
+    h = handout.Handout()
+    at_3 = batch(h, 3, entry("a", "w", (3, 3)))
+    batch(h, 4, b4)
+    batch(h, 5, b5)
+    again, withdrawn = h.rewind(3)
+    assert again is at_3 and h.again(3) is at_3
+    assert [(w.version, w.entries) for w in withdrawn] == [(4, [b4]), (5, [b5])]
 
 
 def test_a_caught_workers_groups_leave_only_the_batch_about_to_be_trained_on() -> None:
@@ -130,5 +151,5 @@ def test_a_rewind_after_a_withdrawn_batch_withdraws_nothing_more() -> None:
     at_2 = batch(h, 2, entry("a", "w", (2, 2)))
     batch(h, 3, entry("b", "liar", (3, 3)))
     assert h.withdraw_worker("liar", version=3, t_train=3) is not None
-    again, withdrawn = h.rewind()
-    assert again is at_2 and withdrawn is None
+    again, withdrawn = h.rewind(2)
+    assert again is at_2 and withdrawn == []

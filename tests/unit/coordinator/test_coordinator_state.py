@@ -580,3 +580,27 @@ def test_the_versions_a_worker_may_claim_stay_bounded_and_forgotten_ones_are_onl
         refused.value.field.endswith(".policyVersion")
         and "never told to load version 299" in refused.value.message
     )
+
+
+def test_each_lease_gets_a_fresh_key_and_the_trainer_gets_the_key_of_the_lease_that_was_submitted() -> None:
+    s = make_state(config(max_staleness=1, batch_size=2, capacity=8, task_timeout=5.0))
+    w = register(s, capacity=4)
+    first = s.lease(w, 2, 0.0).tasks
+    keys = [t.sampling.key for t in first]
+    assert all(k is not None and re.fullmatch(r"[0-9a-f]{32}", k) for k in keys) and len(set(keys)) == 2
+    s.heartbeat(w, wire.HeartbeatRequest(loaded_version=0), 6.0)
+    s.expire(6.0)  # both leases ran out: re-issued, with new keys
+    again = s.lease(w, 2, 6.0).tasks
+    assert {t.problem_id for t in again} == {t.problem_id for t in first}
+    assert not {t.sampling.key for t in again} & set(keys)
+    vllm = s.register(
+        wire.RegisterRequest(pool="cpu", backend="vllm", device="cuda", dtype="bfloat16", capacity=2),
+        b"digest",
+        6.0,
+    ).worker_id
+    unkeyed = s.lease(vllm, 1, 6.0).tasks[0]
+    s.submit(w, again[0].task_id, group(s, again[0], 0), 6.0)
+    s.submit(vllm, unkeyed.task_id, group(s, unkeyed, 0), 6.0)
+    batch = s.pull_batch(0, 6.0)
+    by_task = {g.task_id: g.key for g in batch.groups}
+    assert by_task == {again[0].task_id: again[0].sampling.key, unkeyed.task_id: None}  # vLLM draws no keys

@@ -188,3 +188,43 @@ def test_per_worker_totals_over_the_run() -> None:
     stats.add(second)
     record = stats.record(["a", "b"])
     assert record == {"a": {"tokens": 16, "meanAbs": pytest.approx((0.04 + 0.36) / 16), "worstGroup": 0.03}}
+
+
+def test_text_not_drawn_from_its_key_is_caught_even_with_exact_log_probs(
+    make_policy: Callable[..., TrainablePolicy], tiny_model_dir: str
+) -> None:
+    """A worker holding the weights can send exact log-probs of any text; with keyed draws the text
+    itself must be the key's draw. Swapping two rows of an honest keyed group (choosing which text goes
+    where) keeps every log-prob exact and is caught by the draws alone."""
+    from echo_runtime.backends import base
+    from echo_runtime.backends.transformers import TransformersBackend
+    from echo_runtime.rollout import Group
+
+    policy = make_policy()  # fresh LoRA: B = 0, the base model's weights, as the backend's
+    backend = TransformersBackend(tiny_model_dir, device="cpu", threads=1)
+    key = "0123456789abcdef0123456789abcdef"
+    params = base.SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=8, keys=(int(key, 16),))
+    sampled = backend.sample(["12+7="], 4, params)[0]
+    drawn = [dataclasses.replace(r, policy_version=0, dtype="float32") for r in sampled]  # as registered
+    honest = Group(rollouts=tuple(drawn), id="g-honest", worker="honest", key=key)
+    swapped = Group(rollouts=(drawn[1], drawn[0], *drawn[2:]), id="g-chosen", worker="chooser", key=key)
+    unkeyed = Group(rollouts=tuple(drawn), id="g-plain", worker="plain")
+    half = [dataclasses.replace(r, dtype="bfloat16") for r in (drawn[1], drawn[0], *drawn[2:])]
+    unmeasured = Group(rollouts=tuple(half), id="g-half", worker="half", key=key)
+    batch = Batch(0, (honest, swapped, unkeyed, unmeasured))
+    checked = verify.check_batch(policy, batch, checks=4, bound=0.1, temperature=1.0, top_p=0.9)
+    by_worker = {c.worker: c for c in checked.groups}
+    assert by_worker["honest"].draw_gap is not None and by_worker["honest"].draw_gap < 1e-4
+    assert by_worker["honest"].off_draw == 0 and by_worker["honest"].max_abs < 1e-4
+    assert by_worker["plain"].draw_gap is None  # no key: the log-probs only
+    chooser = by_worker["chooser"]
+    assert chooser.max_abs < 1e-4 and chooser.off_draw > 0  # exact log-probs, wrong draws
+    assert list(checked.caught()) == ["chooser"]
+    # Half-precision draws are not measured yet: the gap is recorded, not judged (docs/trust.md).
+    assert (
+        by_worker["half"].draw_gap is not None
+        and by_worker["half"].draw_gap > 1e-3
+        and by_worker["half"].off_draw == 0
+    )
+    reason = verify.Checked.reason(chooser, 0.1, 0, checked.draw_bound)
+    assert "text not drawn from its lease's key" in reason and "g-chosen" in reason
