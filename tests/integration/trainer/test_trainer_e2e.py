@@ -21,6 +21,7 @@ import httpx
 import yaml
 
 from echo_runtime.backends import base as backend_base
+from echo_runtime.backends import seeded
 from echo_runtime.backends.transformers import TransformersBackend
 from echo_runtime.coordinator import client as coordinator_client
 from echo_runtime.coordinator import wire
@@ -64,9 +65,10 @@ def _worker(
                 stop.wait(min(0.2, lease.retry_after_seconds or 0.2))
                 continue
             for task in lease.tasks:
+                assert task.sampling.key is not None  # a transformers worker draws with its lease's key
                 params = backend_base.SamplingParams(
                     temperature=task.sampling.temperature, top_p=task.sampling.top_p,
-                    max_new_tokens=task.sampling.max_new_tokens,
+                    max_new_tokens=task.sampling.max_new_tokens, keys=(seeded.parse_key(task.sampling.key),),
                 )  # fmt: skip
                 samples = backend.sample([task.prompt], task.group_size, params)[0]
                 worker.submit(
