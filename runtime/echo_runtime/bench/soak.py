@@ -11,7 +11,8 @@
   the p99 of request durations since the previous sample, per endpoint (``request_seconds``).
 
 :func:`judge` then fits a least-squares line to every series over the samples after the warm-up and
-fails the ones whose growth over that window exceeds their allowance (:class:`Allowance`: an
+fails the ones whose growth over that window exceeds their allowance (tasks leased: the series of its
+running minimum, :data:`LEASE_FLOOR_SPAN`) (:class:`Allowance`: an
 absolute amount, for memory a share of the level too). A leak is a failed run, whatever its size per
 step, once the run is long enough for it to pass the allowance: 5000 quickstart steps find a leak of a
 few KiB per step (``benchmarks/soak.py``); the suite's 300 steps find tens of KiB per step. Bounded
@@ -389,6 +390,12 @@ def slope(xs: Sequence[float], ys: Sequence[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
 
 
+LEASE_FLOOR_SPAN = 5
+"""Samples the tasks-leased series takes its running minimum over. A worker leases a whole batch at a
+time, so the gauge swings between 0 and its capacity from one sample to the next and a slope fitted to
+it is noise; leases that leak (never submitted, never expired) raise its floor, which is what is judged."""
+
+
 def series_of(samples: Sequence[Sample]) -> dict[str, tuple[str, list[tuple[int, float]]]]:
     """``series name → (kind, [(version, value)])`` for every quantity sampled."""
     out: dict[str, tuple[str, list[tuple[int, float]]]] = {}
@@ -409,9 +416,11 @@ def series_of(samples: Sequence[Sample]) -> dict[str, tuple[str, list[tuple[int,
         add("storeCheckpoints", "storeCheckpoints", s.version, s.store_checkpoints)
         add("pins", "pins", s.version, s.pins)
         add("bufferGroups", "bufferGroups", s.version, s.buffer_groups)
-        add("tasksLeased", "tasksLeased", s.version, s.tasks_leased)
         for route, ms in s.p99_ms.items():
             add(f"p99Ms[{route}]", "p99Ms", s.version, ms)
+    for i in range(LEASE_FLOOR_SPAN - 1, len(samples)):
+        span = samples[i - LEASE_FLOOR_SPAN + 1 : i + 1]
+        add("tasksLeased", "tasksLeased", samples[i].version, min(s.tasks_leased for s in span))
     return out
 
 

@@ -194,3 +194,18 @@ def test_metrics_are_read_without_the_environments_proxy(monkeypatch: pytest.Mon
     monkeypatch.setenv("http_proxy", "http://192.0.2.1:3128")
     monkeypatch.delenv("no_proxy", raising=False)
     assert not any(isinstance(h, urllib.request.ProxyHandler) and h.proxies for h in soak._LOOPBACK.handlers)
+
+
+def test_leases_swinging_by_a_batch_pass_and_leaked_leases_fail() -> None:
+    """One worker leases a whole batch (8) at a time: the gauge is 0 or 8 when sampled. This is the
+    series a CI run of the suite's soak recorded, which a slope fitted to the raw gauge called growth.
+    Leases that are never given back raise the floor (the running minimum) instead, and fail."""
+    seen = [0, 8, 8, 8, 0, 8, 0, 0, 0, 8, 8, 8, 0, 0, 1, 1, 8, 0, 0, 8, 8, 8, 8, 8, 6, 8, 8, 0, 0, 8]
+    versions = list(range(0, 300, 10))
+    window = [(float(v), float(y)) for v, y in zip(versions, seen, strict=True) if v >= 60]
+    raw = soak.slope([x for x, _ in window], [y for _, y in window]) * (window[-1][0] - window[0][0])
+    assert raw > soak.DEFAULT_ALLOWANCES["tasksLeased"].of(8.0)  # what judging the raw gauge flagged
+    samples = [sample(v, tasks_leased=float(y)) for v, y in zip(versions, seen, strict=True)]
+    assert failing(soak.judge(samples, warmup=60)) == set()
+    leaking = [sample(v, tasks_leased=float(y + v // 40)) for v, y in zip(versions, seen, strict=True)]
+    assert failing(soak.judge(leaking, warmup=60)) == {"tasksLeased"}
