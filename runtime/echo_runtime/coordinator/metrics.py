@@ -102,6 +102,14 @@ class StateCollector(Collector):
         self.rejections = rejections
         self.latency = latency
 
+    def _per_pool(
+        self, family: GaugeMetricFamily | CounterMetricFamily, counts: collections.Counter[str]
+    ) -> GaugeMetricFamily | CounterMetricFamily:
+        """``family`` with one sample per pool: every configured pool (0 when absent) and any counted."""
+        for pool in sorted(set(self.state.config.pools) | set(counts)):
+            family.add_metric([self.state.config.job, pool], counts[pool])
+        return family
+
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily]:
         s, job = self.state, self.state.config.job
         ledger, counts = s.ledger, s.counters
@@ -192,53 +200,47 @@ class StateCollector(Collector):
                 watch.signal_fraction,
             )
 
-        workers = GaugeMetricFamily(
-            _PREFIX + "workers", "Registered workers per pool.", labels=["job", "pool"]
-        )
-        per_pool = collections.Counter(w.pool for w in s.roster.workers.values())
-        for pool in sorted(set(s.config.pools) | set(per_pool)):
-            workers.add_metric([job, pool], per_pool[pool])
-        yield workers
-
-        quarantined = CounterMetricFamily(
-            _PREFIX + "workers_quarantined",
-            "Workers the trainer quarantined (behaviour log-probs disagree), per pool.",
-            labels=["job", "pool"],
-        )
-        caught = collections.Counter(q.pool for q in s.quarantined.records.values())
-        for pool in sorted(set(s.config.pools) | set(caught)):
-            quarantined.add_metric([job, pool], caught[pool])
-        yield quarantined
-
-        before = CounterMetricFamily(
-            _PREFIX + "groups_trained_before_quarantine",
-            "Groups of quarantined workers that optimizer steps had trained on before they were caught, per pool.",
-            labels=["job", "pool"],
-        )
+        workers = s.roster.workers.values()
+        records = s.quarantined.records.values()
         trained: collections.Counter[str] = collections.Counter()
-        for q in s.quarantined.records.values():
+        for q in records:
             trained[q.pool] += q.trained_groups
-        for pool in sorted(set(s.config.pools) | set(trained)):
-            before.add_metric([job, pool], trained[pool])
-        yield before
-
-        lapsed = CounterMetricFamily(
-            _PREFIX + "leases_lapsed",
-            "Leases that ran out while their worker was alive (re-issued), per pool.",
-            labels=["job", "pool"],
+        yield self._per_pool(
+            GaugeMetricFamily(_PREFIX + "workers", "Registered workers per pool.", labels=["job", "pool"]),
+            collections.Counter(w.pool for w in workers),
         )
-        suspected = GaugeMetricFamily(
-            _PREFIX + "workers_suspected_withholding",
-            "Workers whose lapsed leases and submitted rewards suggest they submit only the groups they like.",
-            labels=["job", "pool"],
+        yield self._per_pool(
+            CounterMetricFamily(
+                _PREFIX + "workers_quarantined",
+                "Workers the trainer quarantined (behaviour log-probs disagree), per pool.",
+                labels=["job", "pool"],
+            ),
+            collections.Counter(q.pool for q in records),
         )
-        flagged = collections.Counter(w.pool for w in s.roster.workers.values() if w.withholding is not None)
-        for pool in sorted(set(s.config.pools) | set(s.tallies)):
-            tally = s.tallies.get(pool)
-            lapsed.add_metric([job, pool], tally.lapsed if tally is not None else 0)
-            suspected.add_metric([job, pool], flagged[pool])
-        yield lapsed
-        yield suspected
+        yield self._per_pool(
+            CounterMetricFamily(
+                _PREFIX + "groups_trained_before_quarantine",
+                "Groups of quarantined workers that optimizer steps had trained on before they were caught, per pool.",
+                labels=["job", "pool"],
+            ),
+            trained,
+        )
+        yield self._per_pool(
+            CounterMetricFamily(
+                _PREFIX + "leases_lapsed",
+                "Leases that ran out while their worker was alive (re-issued), per pool.",
+                labels=["job", "pool"],
+            ),
+            collections.Counter({pool: tally.lapsed for pool, tally in s.tallies.items()}),
+        )
+        yield self._per_pool(
+            GaugeMetricFamily(
+                _PREFIX + "workers_suspected_withholding",
+                "Workers whose lapsed leases and submitted rewards suggest they submit only the groups they like.",
+                labels=["job", "pool"],
+            ),
+            collections.Counter(w.pool for w in workers if w.withholding is not None),
+        )
 
         untrusted = CounterMetricFamily(
             _PREFIX + "rollouts_rejected",

@@ -352,12 +352,7 @@ class CoordinatorState:
         if others.groups < withholding.MIN_GROUPS:  # too few others in its pool: the whole job's
             everyone = withholding.Tally()
             for tally in self.tallies.values():
-                everyone = withholding.Tally(
-                    everyone.groups + tally.groups,
-                    everyone.total + tally.total,
-                    everyone.squares + tally.squares,
-                    everyone.lapsed + tally.lapsed,
-                )
+                everyone = everyone.plus(tally)
             others = everyone.minus(worker.tally)
         verdict = withholding.judge(worker.tally, others)
         worker.withholding = None if verdict is None else verdict.message

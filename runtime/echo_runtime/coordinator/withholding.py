@@ -59,6 +59,14 @@ class Tally:
         self.total += mean
         self.squares += mean * mean
 
+    def plus(self, other: Tally) -> Tally:
+        return Tally(
+            self.groups + other.groups,
+            self.total + other.total,
+            self.squares + other.squares,
+            self.lapsed + other.lapsed,
+        )
+
     def minus(self, other: Tally) -> Tally:
         return Tally(
             self.groups - other.groups,
