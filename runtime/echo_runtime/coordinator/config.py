@@ -36,6 +36,11 @@ class CoordinatorConfig:
     """Most workers registered with a pool's token at once, quarantined ones included (``maxWorkers``)."""
     pool_max_leases: Mapping[str, int] = dataclasses.field(default_factory=dict)
     """Most leases all workers of a pool hold together (``maxLeases``)."""
+    pool_engine: Mapping[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
+    """``(backend, dtype)`` every worker of a pool must register with: the pool's ``backend`` and its
+    ``dtype``, else the model's. What the trainer's checks of a rollout depend on (the token check is
+    judged for float32 transformers and mlx workers only), so a worker may not choose them for itself.
+    Pools not listed: any."""
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 32
@@ -105,6 +110,9 @@ class CoordinatorConfig:
             },
             pool_max_leases={
                 name: pool.max_leases for name, pool in job.inference_pools if pool.max_leases is not None
+            },
+            pool_engine={
+                name: (pool.backend, pool.dtype or job.spec.model.dtype) for name, pool in job.inference_pools
             },
             temperature=algo.sampling.temperature,
             top_p=algo.sampling.top_p,

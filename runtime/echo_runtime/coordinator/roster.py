@@ -75,7 +75,8 @@ class Roster:
     def register(
         self, req: wire.RegisterRequest, session_hash: bytes, now: float, caught: quarantine.Quarantines
     ) -> WorkerRecord:
-        """Admit a new worker to its pool (422 for an unknown pool, 429 for a full one)."""
+        """Admit a new worker to its pool (422 for an unknown pool, or a backend or dtype other than the
+        pool's; 429 for a full one)."""
         if req.pool not in self.config.pools:
             raise errors.Rejected(
                 422,
@@ -83,6 +84,21 @@ class Roster:
                 "pool",
                 f"unknown pool {req.pool!r}; this job's pools: {', '.join(self.config.pools)}",
             )
+        engine = self.config.pool_engine.get(req.pool)
+        if engine is not None:
+            for field, registered, wanted in (
+                ("backend", req.backend, engine[0]),
+                ("dtype", req.dtype, engine[1]),
+            ):
+                if registered != wanted:
+                    raise errors.Rejected(
+                        422,
+                        "invalid",
+                        field,
+                        f"pool {req.pool!r} runs {wanted!r} workers ({field} of the pool, or the model's dtype), "
+                        f"this worker registered {registered!r}: join a pool of its {field}, or start it with "
+                        f"--{field} {wanted}",
+                    )
         limit = self.config.pool_max_workers.get(req.pool)
         if limit is not None:
             members = sum(1 for w in self.workers.values() if w.pool == req.pool and w.quarantine is None)

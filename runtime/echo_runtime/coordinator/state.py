@@ -458,6 +458,7 @@ class CoordinatorState:
             known_versions=worker.known_versions,
             detokenizer=self.detokenizer,
             known_floor=worker.known_floor,
+            registered={"backend": worker.backend, "device": worker.device, "dtype": worker.dtype},
         )
         if refusal is not None:
             if refusal.reason is not None:

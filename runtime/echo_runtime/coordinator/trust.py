@@ -28,7 +28,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
@@ -115,13 +115,23 @@ def group_refusal(
     known_versions: Collection[int],
     detokenizer: Detokenizer | None,
     known_floor: int = 0,
+    registered: Mapping[str, str] | None = None,
 ) -> Refusal | None:
     """The first refusal of a submitted group, or None if it may be scored and buffered (or dropped as
-    stale: a claim below ``known_floor`` is not checked against ``known_versions``)."""
+    stale: a claim below ``known_floor`` is not checked against ``known_versions``). ``registered``: the
+    worker's ``backend``, ``device`` and ``dtype``, which a rollout may repeat but not contradict (the
+    trainer's checks depend on them)."""
     if len(req.rollouts) != group_size:
         return Refusal("rollouts", f"a group has exactly {group_size} rollouts, got {len(req.rollouts)}")
     for i, r in enumerate(req.rollouts):
         where = f"rollouts[{i}]"
+        for field, value in (("backend", r.backend), ("device", r.device), ("dtype", r.dtype)):
+            if registered is not None and value is not None and value != registered[field]:
+                return Refusal(
+                    f"{where}.{field}",
+                    f"this worker registered {field} {registered[field]!r}; a rollout may not claim another "
+                    f"({value!r}): leave it out",
+                )
         if len(r.token_ids) > max_new_tokens:
             return Refusal(
                 f"{where}.tokenIds", f"at most maxNewTokens ({max_new_tokens}) tokens, got {len(r.token_ids)}"

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pydantic
 import pytest
-from coordinator_helpers import config, group, make_state, register, rollout
+from coordinator_helpers import VOCAB, config, group, make_state, register, rollout
 
+from echo_runtime import spec
 from echo_runtime.coordinator import errors, metrics, quarantine, report, service, state, wire
+from echo_runtime.coordinator.config import CoordinatorConfig
 
 CONTRACTS = Path(__file__).resolve().parents[3] / "docs" / "contracts.md"
 
@@ -604,3 +606,49 @@ def test_each_lease_gets_a_fresh_key_and_the_trainer_gets_the_key_of_the_lease_t
     batch = s.pull_batch(0, 6.0)
     by_task = {g.task_id: g.key for g in batch.groups}
     assert by_task == {again[0].task_id: again[0].sampling.key, unkeyed.task_id: None}  # vLLM draws no keys
+
+
+# ------------------------------------------------------------------------------------------- engines
+def test_a_worker_joins_only_with_its_pools_backend_and_dtype(tmp_path: Path) -> None:
+    """The token check is judged for float32 transformers and mlx workers: a worker may not register as
+    a backend or dtype its pool does not run to escape it (a pool's dtype defaults to the model's)."""
+    manifest = tmp_path / "job.yaml"
+    manifest.write_text(
+        "apiVersion: echorl.dev/v1alpha1\nkind: EchoJob\nmetadata: {name: engines}\n"
+        "spec:\n  model: {path: echorl:tiny}\n  task: {name: arithmetic}\n"
+        "  inferenceSwarms:\n    - {name: cpu}\n    - {name: gpu, backend: vllm, device: cuda, dtype: bfloat16}\n"
+    )
+    settings = CoordinatorConfig.from_job(spec.load_job(manifest), vocab_size=VOCAB)
+    assert settings.pool_engine == {"cpu": ("transformers", "float32"), "gpu": ("vllm", "bfloat16")}
+    s = make_state(settings)
+    joins = [
+        ("cpu", "vllm", "float32", "backend"),
+        ("cpu", "transformers", "bfloat16", "dtype"),
+        ("gpu", "transformers", "bfloat16", "backend"),
+        ("gpu", "vllm", "float32", "dtype"),
+    ]
+    for pool, backend, dtype, field in joins:
+        req = wire.RegisterRequest(pool=pool, backend=backend, device="cpu", dtype=dtype, capacity=1)
+        with pytest.raises(errors.Rejected) as refused:
+            s.register(req, b"digest", 0.0)
+        assert (refused.value.status, refused.value.field) == (422, field), (pool, backend, dtype)
+        assert f"pool {pool!r} runs" in refused.value.message
+    assert not s.roster.workers
+    for pool, backend, dtype in (("cpu", "transformers", "float32"), ("gpu", "vllm", "bfloat16")):
+        req = wire.RegisterRequest(pool=pool, backend=backend, device="cpu", dtype=dtype, capacity=1)
+        assert s.register(req, b"digest", 0.0).worker_id in s.roster.workers
+
+
+@pytest.mark.parametrize(("field", "claim"), [("backend", "vllm"), ("device", "cuda"), ("dtype", "bfloat16")])
+def test_a_rollout_may_not_contradict_its_workers_registration(field: str, claim: str) -> None:
+    s = make_state()
+    w = register(s)
+    task = lease_one(s, w)
+    before = snapshot(s)
+    with pytest.raises(errors.Rejected) as refused:
+        s.submit(w, task.task_id, bad_group(s, task, **{field: claim}), 0.0)
+    assert (refused.value.status, refused.value.field) == (422, f"rollouts[0].{field}")
+    assert "may not claim another" in refused.value.message
+    assert snapshot(s) == before
+    same = {"backend": "transformers", "device": "cpu", "dtype": "float32"}[field]  # repeating it is fine
+    assert s.submit(w, task.task_id, bad_group(s, task, **{field: same}), 0.0).outcome == "buffered"
