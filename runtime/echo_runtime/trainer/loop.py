@@ -379,6 +379,12 @@ class Trainer:
             _log.error("quarantining worker %s: %s", worker, reason)
             coordinator.quarantine(worker, reason, version=batch.version, mismatch=worst.mean_abs)
             self.quarantined.add(worker)
+        for worker in sorted({c.worker for c in checked.groups if c.surprise is not None} - self.quarantined):
+            verdict = self.checks.typicality[worker].verdict()  # keyless groups: judged over the run
+            if verdict is not None:
+                _log.error("quarantining worker %s: %s", worker, verdict)
+                coordinator.quarantine(worker, verdict, version=batch.version)
+                self.quarantined.add(worker)
         return verify.without(batch, self.quarantined, checked.unverified), checked
 
     @classmethod

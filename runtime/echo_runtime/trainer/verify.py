@@ -50,6 +50,7 @@ import torch
 from echo_runtime.backends import seeded
 from echo_runtime.backends.logprobs import token_logprobs
 from echo_runtime.rollout import Batch, Rollout
+from echo_runtime.trainer import typical
 from echo_runtime.trainer.policy import TrainablePolicy, completion_logits, pack
 
 _SYSTEM_RANDOM = secrets.SystemRandom()
@@ -146,6 +147,9 @@ class GroupCheck:
     key's uniform (0 when every token is its draw); None without a key."""
     off_draw: int = 0
     """Checked tokens further than the draw bound from their draw."""
+    surprise: tuple[int, float, float] | None = None
+    """For a group drawn without a key: its checked tokens' count, ``Σ (log p + H)`` and ``Σ`` variance
+    (:mod:`.typical`); None with a key."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,6 +245,7 @@ def check_batch(
     per_group: dict[tuple[int, int], list[torch.Tensor]] = {}
     gaps: dict[tuple[int, int], list[torch.Tensor]] = {}
     judged: dict[tuple[int, int], list[torch.Tensor]] = {}
+    surprises: dict[tuple[int, int], list[torch.Tensor]] = {}
     unverified: set[int] = set()
     param = next(policy.model.parameters(), None)
     precise = param is None or param.dtype in (torch.float32, torch.float64)
@@ -266,9 +271,13 @@ def check_batch(
                     recomputed = recomputed.masked_scatter(mask, values)
                     delta = (packed.behaviour.float() - recomputed).abs() * packed.mask
                     drawn = _draw_gaps(logits, chunk, batch, temperature, top_p)
+                    likely = _surprises(logits, chunk, batch, temperature, top_p)
                     offset = 0
                     for row, (gi, _, r) in enumerate(chunk):
                         per_group.setdefault((gi, version), []).append(delta[row][mask[row]].cpu())
+                        if likely is not None and batch.groups[gi].key is None:
+                            row_s = likely[:, offset : offset + len(r.completion_ids)]
+                            surprises.setdefault((gi, version), []).append(row_s)
                         if drawn is not None and batch.groups[gi].key is not None:
                             row_gaps = drawn[offset : offset + len(r.completion_ids)]
                             gaps.setdefault((gi, version), []).append(row_gaps)
@@ -285,6 +294,11 @@ def check_batch(
         group = batch.groups[gi]
         drawn = torch.cat(gaps[(gi, version)]) if (gi, version) in gaps else None
         counted = torch.cat(judged[(gi, version)]) if (gi, version) in judged else None
+        surprise = None
+        if (gi, version) in surprises:
+            sv = torch.cat(surprises[(gi, version)], dim=1)
+            sv = sv[:, ~torch.isnan(sv).any(0)]  # tokens outside the recomputed nucleus: left out
+            surprise = (int(sv.shape[1]), float(sv[0].sum()), float(sv[1].sum()))
         found.append(
             GroupCheck(
                 group_id=group.id,
@@ -296,6 +310,7 @@ def check_batch(
                 max_abs=float(values.max()) if values.numel() else 0.0,
                 draw_gap=float(drawn.max()) if drawn is not None and drawn.numel() else None,
                 off_draw=int((counted > draw_bound).sum()) if counted is not None else 0,
+                surprise=surprise,
             )
         )
     return Checked(
@@ -340,6 +355,32 @@ def _draw_gaps(
     return out.nan_to_num(nan=0.0) if not torch.isnan(u).all() else None
 
 
+def _surprises(
+    logits: torch.Tensor,
+    chunk: Sequence[tuple[int, int, Rollout]],
+    batch: Batch,
+    temperature: float,
+    top_p: float,
+) -> torch.Tensor | None:
+    """``[2, tokens]``: per completion token of ``chunk``, ``(s, v)`` of :func:`.typical.surprise` for
+    rollouts of groups drawn without a key (NaN for the others); None when every group has a key."""
+    if all(batch.groups[gi].key is not None for gi, _, _ in chunk):
+        return None
+    keyless = torch.tensor(
+        [batch.groups[gi].key is None for gi, _, r in chunk for _ in r.completion_ids], dtype=torch.bool
+    )
+    ids = torch.tensor([t for _, _, r in chunk for t in r.completion_ids], dtype=torch.long)
+    out = torch.full((2, len(ids)), math.nan, dtype=torch.float64)
+    rows = keyless.nonzero().squeeze(-1)
+    step = max(1, DRAW_CHUNK_ELEMENTS // max(1, logits.shape[-1]))
+    for start in range(0, len(rows), step):
+        at = rows[start : start + step]
+        probs = seeded.distribution(logits[at.to(logits.device)], temperature, top_p)
+        s, v = typical.surprise(probs, ids[at])
+        out[0, at], out[1, at] = s.cpu(), v.cpu()
+    return out
+
+
 @dataclasses.dataclass
 class WorkerStats:
     """Per-worker totals of the checks over the run (for the trainer's metrics records)."""
@@ -349,6 +390,8 @@ class WorkerStats:
     worst: dict[str, float] = dataclasses.field(default_factory=dict)
     draw_gap: dict[str, float] = dataclasses.field(default_factory=dict)
     """The largest distance of a checked token from its key's draw, for workers whose groups had keys."""
+    typicality: dict[str, typical.Typicality] = dataclasses.field(default_factory=dict)
+    """The statistic of the checked tokens of each worker's groups drawn without a key."""
 
     def add(self, checked: Checked) -> None:
         for c in checked.groups:
@@ -357,15 +400,23 @@ class WorkerStats:
             self.worst[c.worker] = max(self.worst.get(c.worker, 0.0), c.mean_abs)
             if c.draw_gap is not None:
                 self.draw_gap[c.worker] = max(self.draw_gap.get(c.worker, 0.0), c.draw_gap)
+            if c.surprise is not None:
+                self.typicality.setdefault(c.worker, typical.Typicality()).add(*c.surprise)
 
     def record(self, workers: Sequence[str]) -> dict[str, dict[str, float]]:
-        """``{worker: {tokens, meanAbs, worstGroup[, worstDrawGap]}}`` for ``workers`` that have been checked."""
+        """``{worker: {tokens, meanAbs, worstGroup[, worstDrawGap][, samplingZ, samplingExcess]}}`` for
+        ``workers`` that have been checked."""
         return {
             w: {
                 "tokens": self.tokens[w],
                 "meanAbs": self.abs_sum[w] / self.tokens[w] if self.tokens[w] else 0.0,
                 "worstGroup": self.worst[w],
                 **({"worstDrawGap": self.draw_gap[w]} if w in self.draw_gap else {}),
+                **(
+                    {"samplingZ": self.typicality[w].z, "samplingExcess": self.typicality[w].excess}
+                    if w in self.typicality
+                    else {}
+                ),
             }
             for w in workers
             if w in self.tokens

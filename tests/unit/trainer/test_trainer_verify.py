@@ -8,9 +8,11 @@ staleness are checked, with the weights of the version they claim (``verify.Hist
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -228,3 +230,100 @@ def test_text_not_drawn_from_its_key_is_caught_even_with_exact_log_probs(
     )
     reason = verify.Checked.reason(chooser, 0.1, 0, checked.draw_bound)
     assert "text not drawn from its lease's key" in reason and "g-chosen" in reason
+
+
+# ------------------------------------------------------------------------------- text drawn without a key
+def test_surprise_is_log_p_plus_entropy_and_its_variance_under_p() -> None:
+    from echo_runtime.trainer import typical
+
+    rng = random.Random(3)
+    for _ in range(20):
+        weights = [rng.random() ** 3 for _ in range(7)] + [0.0]  # the last: outside the nucleus
+        total = sum(weights)
+        p = [w / total for w in weights]
+        entropy = -sum(q * math.log(q) for q in p if q > 0)
+        token = rng.randrange(7)
+        want_s = math.log(p[token]) + entropy
+        want_v = sum(q * (math.log(q) + entropy) ** 2 for q in p if q > 0)  # E[(s − E s)²], E s = 0
+        s, v = typical.surprise(
+            torch.tensor([weights, weights], dtype=torch.float64), torch.tensor([token, 7])
+        )
+        assert float(s[0]) == pytest.approx(want_s, abs=1e-9) and float(v[0]) == pytest.approx(
+            want_v, abs=1e-9
+        )
+        assert math.isnan(float(s[1])) and math.isnan(float(v[1]))  # probability 0: left out
+        top = max(range(7), key=lambda i: p[i])
+        assert (
+            float(typical.surprise(torch.tensor([weights], dtype=torch.float64), torch.tensor([top]))[0][0])
+            >= 0.0
+        )  # log p_max ≥ −H
+
+
+def test_the_verdict_needs_tokens_a_large_z_and_a_large_excess() -> None:
+    from echo_runtime.trainer import typical
+
+    few = typical.Typicality(typical.MIN_TOKENS - 1, 100.0, 1.0)
+    biased = typical.Typicality(1_000_000, 1_000.0, 1_000_000.0)  # z 1 000 but 1e-3 nats a token: rounding
+    chance = typical.Typicality(10_000, 300.0, 10_000.0)  # 0.03 nats a token, z 3
+    assert few.verdict() is None and biased.verdict() is None and chance.verdict() is None
+    likelier = typical.Typicality(1_000, 100.0, 100.0)
+    hotter = typical.Typicality(1_000, -100.0, 100.0)
+    assert "likelier" in (likelier.verdict() or "") and "less likely" in (hotter.verdict() or "")
+
+
+def test_text_chosen_without_a_key_is_caught_by_its_likelihood_and_samples_are_not(
+    make_policy: Callable[..., TrainablePolicy], tiny_model_dir: str
+) -> None:
+    """A keyless worker (vLLM) that submits, of three samples, the likeliest, with exact log-probs:
+    every log-prob check passes, the statistic over its checked tokens does not; an honest keyless
+    worker's stays near 0. The trainer quarantines the one, through its coordinator."""
+    from echo_runtime import spec
+    from echo_runtime.backends import base
+    from echo_runtime.backends.transformers import TransformersBackend
+    from echo_runtime.rollout import Group
+    from echo_runtime.trainer import typical
+    from echo_runtime.trainer.loop import Trainer
+
+    policy = make_policy()  # fresh LoRA: the base model's weights, as the backend's
+    backend = TransformersBackend(tiny_model_dir, device="cpu", threads=1)
+    prompts = [f"{a}+{b}=" for a in range(6) for b in range(6)]
+    params = base.SamplingParams(temperature=1.0, max_new_tokens=8, seed=1)
+    honest = backend.sample(prompts, 3, params)
+    tries = [backend.sample(prompts, 3, dataclasses.replace(params, seed=s)) for s in (2, 3, 4)]
+    chosen = [
+        [max((t[i][r] for t in tries), key=lambda x: sum(x.logprobs)) for r in range(3)] for i in range(36)
+    ]
+
+    def groups(worker: str, sampled: list[list[Any]]) -> tuple[Group, ...]:
+        return tuple(
+            Group(
+                tuple(dataclasses.replace(r, policy_version=0) for r in g), id=f"{worker}-{i}", worker=worker
+            )
+            for i, g in enumerate(sampled)
+        )
+
+    job = spec.resolve(
+        spec.load_documents(
+            "apiVersion: echorl.dev/v1alpha1\nkind: EchoJob\nmetadata: {name: typical}\n"
+            "spec: {model: {path: echorl:tiny}, syncPolicy: {logprobChecksPerGroup: 3}}\n"
+        )[0]  # type: ignore[arg-type]
+    )
+    trainer = Trainer(job=job, policy=policy, optimizer=None, base_model="tiny", encode=lambda p: [])
+    caught: list[tuple[str, str]] = []
+
+    class Coordinator:
+        def quarantine(
+            self, worker_id: str, reason: str, *, version: int, mismatch: float | None = None
+        ) -> None:
+            caught.append((worker_id, reason))
+
+    batch = Batch(0, groups("honest", honest) + groups("chooser", chosen))
+    kept, checked = trainer.check(batch, Coordinator())  # type: ignore[arg-type]
+    assert checked is not None and not checked.caught()  # exact log-probs: the log-prob check passes
+    stats = trainer.checks.typicality
+    assert stats["honest"].tokens >= typical.MIN_TOKENS and abs(stats["honest"].z) < 4
+    assert stats["chooser"].z > 6 and stats["chooser"].excess > 0.05
+    assert [w for w, _ in caught] == ["chooser"] and "likelier under the policy" in caught[0][1]
+    assert {g.worker for g in kept.groups} == {"honest"}
+    record = trainer.checks.record(["honest", "chooser"])
+    assert record["chooser"]["samplingZ"] == pytest.approx(stats["chooser"].z)
