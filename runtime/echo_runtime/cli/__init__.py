@@ -11,6 +11,7 @@ import click
 
 from echo_runtime.cli import bench as bench_cmd
 from echo_runtime.cli import coordinator as coordinator_cmd
+from echo_runtime.cli import export as export_cmd
 from echo_runtime.cli import model as model_cmd
 from echo_runtime.cli import operator_cmd
 from echo_runtime.cli import run as run_cmd
@@ -30,6 +31,7 @@ def main() -> None:
 main.add_command(validate_cmd.validate)
 main.add_command(model_cmd.model)
 main.add_command(snapshots_cmd.snapshots)
+main.add_command(export_cmd.export)
 main.add_command(coordinator_cmd.coordinator)
 main.add_command(worker_cmd.worker)
 main.add_command(trainer_cmd.trainer)

@@ -25,7 +25,7 @@ from echo_runtime.snapshots.manifest import Manifest
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _store_options(fn: F) -> F:
+def store_options(fn: F) -> F:
     options = [
         click.option(
             "--storage",
@@ -51,7 +51,7 @@ def _store_options(fn: F) -> F:
     return fn
 
 
-def _open(
+def open_store_from_options(
     storage: str | None, endpoint: str | None, job_name: str | None, job_file: str | None
 ) -> store.SnapshotStore:
     retention = None
@@ -100,7 +100,7 @@ def _parse_storage(value: str, endpoint: str | None) -> spec.Storage:
         raise click.UsageError(f"--storage {value}: {problems}") from None
 
 
-def _reporting_errors(fn: F) -> F:
+def reporting_errors(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -117,12 +117,12 @@ def snapshots() -> None:
 
 
 @snapshots.command("ls")
-@_store_options
+@store_options
 @click.option("--checkpoints", is_flag=True, help="List trainer checkpoints instead of snapshots.")
 @click.option(
     "--json", "as_json", is_flag=True, help="Print JSON (one object per version) instead of a table."
 )
-@_reporting_errors
+@reporting_errors
 def ls(
     storage: str | None,
     endpoint: str | None,
@@ -132,7 +132,7 @@ def ls(
     as_json: bool,
 ) -> None:
     """List the versions (or checkpoints) of a job, newest last."""
-    st = _open(storage, endpoint, job_name, job_file)
+    st = open_store_from_options(storage, endpoint, job_name, job_file)
     numbers = st.checkpoints() if checkpoints else st.versions()
     docs = [st.checkpoint_manifest(n) if checkpoints else st.manifest(n) for n in numbers]
     pins: dict[int, list[str]] = {}
@@ -172,11 +172,11 @@ def ls(
 
 
 @snapshots.command()
-@_store_options
+@store_options
 @click.argument("version", default="latest")
 @click.option("--checkpoint", is_flag=True, help="VERSION names a trainer checkpoint (step).")
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
-@_reporting_errors
+@reporting_errors
 def show(
     storage: str | None,
     endpoint: str | None,
@@ -187,7 +187,7 @@ def show(
     as_json: bool,
 ) -> None:
     """Show one version's manifest: kind, base model, files with sizes and sha256, pins."""
-    st = _open(storage, endpoint, job_name, job_file)
+    st = open_store_from_options(storage, endpoint, job_name, job_file)
     number = _number(st, version, checkpoint)
     doc: Manifest = st.checkpoint_manifest(number) if checkpoint else st.manifest(number)
     if as_json:
@@ -222,7 +222,7 @@ def show(
 
 
 @snapshots.command()
-@_store_options
+@store_options
 @click.option(
     "--keep-last", type=click.IntRange(min=1), help="Newest versions kept (default: the job's retention, 4)."
 )
@@ -239,7 +239,7 @@ def show(
     help="Seconds before files of an unfinished publish count as abandoned.",
 )
 @click.option("--dry-run", is_flag=True, help="Only print what would be removed.")
-@_reporting_errors
+@reporting_errors
 def gc(
     storage: str | None,
     endpoint: str | None,
@@ -252,7 +252,7 @@ def gc(
 ) -> None:
     """Remove versions beyond the newest K that no live pin holds, expired pins, old checkpoints, and
     files of publishes that never finished."""
-    st = _open(storage, endpoint, job_name, job_file)
+    st = open_store_from_options(storage, endpoint, job_name, job_file)
     report = st.gc(
         keep_last=keep_last,
         checkpoint_keep_last=checkpoint_keep_last,
