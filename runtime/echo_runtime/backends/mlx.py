@@ -98,6 +98,23 @@ def top_p_filter(scaled: Any, top_p: float) -> Any:
     return mx.where(drop, mx.array(float("-inf"), dtype=scaled.dtype), scaled)
 
 
+def rope_overrides(config: dict[str, Any]) -> dict[str, Any]:
+    """What mlx-lm must be told of a ``config.json`` that transformers 5 wrote: RoPE settings live in
+    ``rope_parameters`` there, while mlx-lm's Llama reads ``rope_theta`` (defaulting to 10000) and
+    ``rope_scaling``. Without this a Llama trained with another base (SmolLM2: 100000) runs in mlx with
+    the wrong positions, its log-probs tenths of a nat off the trainer's, and the trainer quarantines
+    the honest worker. Empty when the config says ``rope_theta`` itself or has no ``rope_parameters``."""
+    params = config.get("rope_parameters")
+    if not isinstance(params, dict) or "rope_theta" in config:
+        return {}
+    out: dict[str, Any] = {}
+    if "rope_theta" in params:
+        out["rope_theta"] = params["rope_theta"]
+    if params.get("rope_type", "default") != "default" and "rope_scaling" not in config:
+        out["rope_scaling"] = {k: v for k, v in params.items() if k != "rope_theta"}
+    return out
+
+
 def load_safetensors(file: Path) -> dict[str, Any]:
     """``{key: mx.array}`` of a safetensors file (mlx reads bfloat16 natively)."""
     loaded: Any = mx.load(str(file))
@@ -216,7 +233,8 @@ class MlxBackend:
     def _load_base(self) -> Any:
         from mlx_lm.utils import load_model  # type: ignore[import-not-found,import-untyped,unused-ignore]
 
-        model, _config = load_model(self.model_path, lazy=False)
+        config = json.loads((Path(self.model_path) / "config.json").read_text(encoding="utf-8"))
+        model, _config = load_model(self.model_path, lazy=False, model_config=rope_overrides(config))
         if self._dtype_override is not None:
             model.set_dtype(_DTYPES[self._dtype_override])
         model.eval()

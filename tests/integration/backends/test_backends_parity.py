@@ -133,3 +133,38 @@ def test_snapshots_change_the_policy(
         after = backend.score_logprobs(prompt, completion, 1.0)
         assert max(abs(a - b) for a, b in zip(before, after, strict=True)) > 0.05, (version, before, after)
         before = after
+
+
+def test_mlx_reads_the_rope_base_transformers_5_writes(tiny_model: Path, tmp_path: Path) -> None:
+    """transformers 5 writes RoPE settings as ``rope_parameters``; mlx-lm's Llama reads ``rope_theta``
+    (default 10000). A Llama with another base (SmolLM2's is 100000) must run with it in mlx too, or its
+    log-probs drift from the trainer's by tenths of a nat and the honest mlx worker is quarantined."""
+    import json
+    import shutil
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from echo_runtime import backends
+
+    vocab = json.loads((tiny_model / "config.json").read_text())["vocab_size"]
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, rope_theta=100000.0, tie_word_embeddings=True,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    llama = tmp_path / "llama"
+    LlamaForCausalLM(config).save_pretrained(str(llama))
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        if (tiny_model / name).is_file() and not (llama / name).is_file():
+            shutil.copyfile(tiny_model / name, llama / name)
+    written = json.loads((llama / "config.json").read_text())
+    assert "rope_theta" not in written and written["rope_parameters"]["rope_theta"] == 100000.0
+    prompt, completion = list(range(20, 60)), list(range(100, 112))  # positions matter past the first
+    scores = {
+        name: backends.create_backend(name, llama, device="cpu", threads=1).score_logprobs(
+            prompt, completion, 1.0
+        )
+        for name in ("transformers", "mlx")
+    }
+    gap = max(abs(a - b) for a, b in zip(scores["transformers"], scores["mlx"], strict=True))
+    assert gap <= TOLERANCE, gap
