@@ -54,7 +54,6 @@ from trust import model_dir  # noqa: E402
 RESULTS = REPO / "benchmarks" / "results" / "draws.json"
 DATA = REPO / "examples" / "data" / "addition.jsonl"
 INSTRUCTION = "Answer with the number only."
-BEST_OF = 8
 
 
 def prompts(n: int, chat: bool) -> tuple[list[Any], list[str]]:
@@ -76,11 +75,13 @@ def reward(text: str, answer: str) -> float:
 
 
 def sample(backend: Any, batch: list[Any], params: Any, chunk: int) -> list[Any]:
-    """One completion per prompt of ``batch`` (keys, if any, one per prompt), ``chunk`` prompts a call."""
+    """One completion per prompt of ``batch`` (keys, if any, one per prompt), ``chunk`` prompts a call;
+    without keys, each call with a fresh seed (one seed for every call would draw every chunk from the
+    same random stream: correlated samples, and intervals too narrow)."""
     out: list[Any] = []
     for start in range(0, len(batch), chunk):
         keys = None if params.keys is None else params.keys[start : start + chunk]
-        part = dataclasses.replace(params, keys=keys)
+        part = dataclasses.replace(params, keys=keys, seed=None if keys is not None else secrets.randbits(63))
         out.extend(g[0] for g in backend.sample(batch[start : start + chunk], 1, part))
     return out
 
@@ -163,13 +164,13 @@ def measure(name: str, path: str, n: int, args: argparse.Namespace, policy: Any)
     free = sample(backend, batch, dataclasses.replace(plain, seed=secrets.randbits(63)), args.chunk)
     candidates = [
         sample(backend, batch, dataclasses.replace(plain, seed=secrets.randbits(63)), args.chunk)
-        for _ in range(BEST_OF - 1)
+        for _ in range(args.best_of - 1)
     ]
     best = [
         max((free[i], *(c[i] for c in candidates)), key=lambda r: reward(r.text, answers[i]))
         for i in range(n)
     ]
-    print(f"  {name}: {n} × {BEST_OF} completions drawn without the key", flush=True)
+    print(f"  {name}: {n} × {args.best_of} completions drawn without the key", flush=True)
 
     def judged(rollouts: list[Any]) -> dict[str, Any]:
         found = check(policy, rollouts, keys, t, p)
@@ -219,10 +220,11 @@ def measure(name: str, path: str, n: int, args: argparse.Namespace, policy: Any)
         "falseAlarmRateUpper95": upper_95(alarms, n),
         "honestWorstDrawGap": max(h["gaps"]),
         "honestRolloutsWithAnyGap": sum(g > 0 for g in h["gaps"]),
+        "honestLargestGaps": sorted(h["gaps"])[-10:],
         "honestWorstMeanAbsLogprob": max(h["meanAbsLogprob"]),
         "keyedSeconds": honest_s,
     }
-    for label, found in (("osRandom", f), (f"bestOf{BEST_OF}", b)):
+    for label, found in (("osRandom", f), (f"bestOf{args.best_of}", b)):
         differing = [i for i in range(n) if found["differ"][i]]
         caught = sum(found["caught"][i] for i in differing)
         out[label] = {
@@ -232,6 +234,7 @@ def measure(name: str, path: str, n: int, args: argparse.Namespace, policy: Any)
             "detectionRateLower95": lower_95(caught, len(differing)),
             "identicalToDrawCaught": sum(found["caught"][i] for i in range(n) if not found["differ"][i]),
             "passLogprobCheck": sum(v <= 0.1 for v in found["meanAbsLogprob"]),
+            "smallestGapsOfDiffering": sorted(found["gaps"][i] for i in differing)[:10],
             "smallestGapCaught": min(
                 (found["gaps"][i] for i in differing if found["caught"][i]), default=math.nan
             ),
@@ -240,7 +243,7 @@ def measure(name: str, path: str, n: int, args: argparse.Namespace, policy: Any)
                 for r, a in zip(best if label.startswith("best") else free, answers, strict=True)
             ),
         }
-    out["keyless"] = {"sampled": keyless(free), f"bestOf{BEST_OF}ByReward": keyless(best)}
+    out["keyless"] = {"sampled": keyless(free), f"bestOf{args.best_of}ByReward": keyless(best)}
     out["quality"] = {
         "keyed": {
             "reward": mean_ci([reward(r.text, a) for r, a in zip(honest, answers, strict=True)]),
@@ -269,6 +272,7 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--best-of", type=int, default=8, help="candidates the choosing worker picks from")
     parser.add_argument("--chunk", type=int, default=64, help="prompts per sampling call")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="the tiny model, 32 rollouts")
@@ -285,7 +289,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     path = model_dir(args.model)
     policy = load_policy(Model(path=path, finetune="Full"), model_dir=path)  # type: ignore[call-arg]
-    results = []
+    results: list[dict[str, Any]] = []
     for name in args.backends:
         n = args.mlx_rollouts if name == "mlx" else args.rollouts
         print(f"{name}: {n} checked rollouts of each kind, {args.max_new_tokens} tokens at most", flush=True)
@@ -295,24 +299,26 @@ def main() -> int:
             f"  false alarms {r['falseAlarms']} of {n} (rate ≤ {r['falseAlarmRateUpper95']:.2g} at 95 %), "
             f"worst honest gap {r['honestWorstDrawGap']:.3g} (bound {DRAW_BOUND:g}); "
             f"detected {r['osRandom']['caught']}/{r['osRandom']['differFromDraw']} sampled without the key, "
-            f"{r[f'bestOf{BEST_OF}']['caught']}/{r[f'bestOf{BEST_OF}']['differFromDraw']} best of {BEST_OF}",
+            f"{r[f'bestOf{args.best_of}']['caught']}/{r[f'bestOf{args.best_of}']['differFromDraw']} "
+            f"best of {args.best_of}",
             flush=True,
         )
-    report = {
-        "model": args.model,
-        "temperature": args.temperature,
-        "topP": args.top_p,
-        "maxNewTokens": args.max_new_tokens,
-        "drawBound": DRAW_BOUND,
-        "machine": {
-            "cpus": platform.machine(),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-        },
-        "results": results,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+        report = {  # written after each backend: a long run keeps what it measured so far
+            "model": args.model,
+            "temperature": args.temperature,
+            "topP": args.top_p,
+            "maxNewTokens": args.max_new_tokens,
+            "bestOf": args.best_of,
+            "drawBound": DRAW_BOUND,
+            "machine": {
+                "cpus": platform.machine(),
+                "python": platform.python_version(),
+                "torch": torch.__version__,
+            },
+            "results": results,
+        }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0
 
