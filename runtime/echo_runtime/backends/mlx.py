@@ -3,8 +3,10 @@
 Promises:
 
 * **Same checkpoint, same numbers.** The base is the same Hugging Face directory the other backends read
-  (``mlx_lm.utils.load_model``); in float32 its log-probs match the ``transformers`` backend's within
-  1e-4 (measured ~1e-6 on the tiny model), for the base, a LoRA snapshot and a full snapshot.
+  (``mlx_lm.utils.load_model``, told the RoPE base mlx-lm's Llama would miss: :func:`rope_overrides`);
+  in float32 its log-probs match the ``transformers`` backend's within 1e-4 on the tiny model (measured
+  ~1e-6), for the base, a LoRA snapshot and a full snapshot; on SmolLM2 the trainer's within 1.5e-4 a
+  token (``docs/benchmarks/trust.md``), far below the log-prob check's bound.
 * **LoRA is converted, not merged.** A peft adapter becomes mlx-lm's own LoRA format: each target
   ``nn.Linear`` is wrapped once in ``mlx_lm.tuner.lora.LoRALinear`` with peft's scale, and
   ``lora_a = A.T``, ``lora_b = B.T`` (mlx multiplies ``x @ lora_a @ lora_b``). That computes exactly

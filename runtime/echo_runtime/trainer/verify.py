@@ -56,7 +56,8 @@ from echo_runtime.trainer.policy import TrainablePolicy, completion_logits, pack
 _SYSTEM_RANDOM = secrets.SystemRandom()
 DRAW_BOUND = 1e-3
 """How far (probability mass) a checked token's interval may miss its key's uniform before the token
-counts as not drawn: float32 backends miss by ≤ 1e-5 on rounding (tests/integration/backends).
+counts as not drawn: float32 backends miss by ≤ 1e-6 on rounding (8.6e-7 at worst on SmolLM2, 0 on the tiny
+model: ``benchmarks/draws.py``).
 Only rollouts sampled in float32 and checked by a float32 trainer convict on it: half-precision
 backends have not been measured yet (``scripts/gpu-check.sh``), so their gaps are recorded, not judged."""
 PRECISE = frozenset({"float32", "float64"})
