@@ -28,7 +28,12 @@ RUN python3 -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.tom
 COPY README.md ./
 COPY runtime runtime
 COPY operator operator
+# EXTRAS: optional extras to add, e.g. `--build-arg EXTRAS=tensorboard,mlflow,wandb,trackio` for the
+# experiment trackers of spec.trainingSwarm.tracking (none by default: a tracker not installed is
+# reported once by the trainer and left off, training goes on).
+ARG EXTRAS=
 RUN pip install --index-url "$PIP_INDEX_URL" --no-deps --no-build-isolation . \
+ && if [ -n "$EXTRAS" ]; then pip install --index-url "$PIP_INDEX_URL" --no-build-isolation ".[$EXTRAS]"; fi \
  && echorl trainer --help >/dev/null \
  && torchrun --help >/dev/null \
  && rm -rf /src

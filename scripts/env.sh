@@ -20,7 +20,7 @@ _echorl_env() {
   local repo cache extras py hash venv installed
   repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)" || return 1
   cache="${ECHORL_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/echorl}"
-  extras="${ECHORL_EXTRAS:-dev,mlx,bench}"
+  extras="${ECHORL_EXTRAS:-dev,mlx,bench,tensorboard,mlflow,wandb,trackio,reasoning-gym,math-verify}"
   py="$(command -v python3.11 || command -v python3)" || { echo "[env] no python3 on PATH" >&2; return 1; }
   hash="$( (cat "$repo/pyproject.toml"; echo "$extras"; "$py" --version) | sha256sum | cut -c1-12)" || return 1
   venv="$cache/venv/$hash"

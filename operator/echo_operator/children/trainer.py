@@ -18,6 +18,7 @@ import yaml
 from echo_operator import names
 from echo_operator.children import inputs, manifest, pods
 from echo_operator.config import Settings
+from echo_runtime import tracking
 from echo_runtime.spec import commands
 
 Object = dict[str, Any]
@@ -65,6 +66,9 @@ def trainer_pod_spec(job: inputs.JobInput, settings: Settings) -> Object:
     )
     if t.threads is not None:
         env.append({"name": "OMP_NUM_THREADS", "value": str(t.threads)})
+    if t.tracking.report_to:
+        # One tracker run per EchoJob object: a restarted trainer reports to the same run.
+        env.append({"name": tracking.RUN_ID_ENV, "value": f"{job.name}-{job.uid[:8]}"})
     container: Object = {
         "name": "trainer",
         "image": t.image or settings.images.trainer,
@@ -79,6 +83,10 @@ def trainer_pod_spec(job: inputs.JobInput, settings: Settings) -> Object:
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [config_mount, *scratch_mounts],
     }
+    if (
+        t.tracking.secret_name is not None
+    ):  # the trackers' credentials (WANDB_API_KEY, MLFLOW_TRACKING_URI...)
+        container["envFrom"] = [{"secretRef": {"name": t.tracking.secret_name}}]
     return pods.pod_spec(
         [container],
         [config_volume, *scratch],

@@ -46,6 +46,14 @@ from echo_runtime import spec
     help="Pin each process to its own CPUs (trainer, workers; the evaluator to the CPUs the trainer does "
     "not use), not only size its threads: the offload framing of `echorl bench sync`.",
 )
+@click.option(
+    "--report-to",
+    default=None,
+    metavar="TRACKERS",
+    help="Experiment trackers to report to: any of tensorboard, mlflow, wandb, trackio "
+    "(comma-separated), all, or none (default: spec.trainingSwarm.tracking.reportTo). "
+    "Files go under <run dir>/tracking unless tracking.dir says otherwise.",
+)
 @click.option("--no-progress", is_flag=True, help="No progress bar (logs only).")
 def run(
     job_file: Path,
@@ -57,6 +65,7 @@ def run(
     target_accuracy: float | None,
     cores: int | None,
     pin_cores: bool,
+    report_to: str | None,
     no_progress: bool,
 ) -> None:
     """Run an EchoJob locally: coordinator, inference workers, trainer and evaluator as processes.
@@ -64,10 +73,15 @@ def run(
     Prints live progress (policy version, reward, held-out accuracy, rollouts/s, staleness, ETA);
     writes runs/<job>/metrics.jsonl, summary.json and PNG plots; Ctrl-C stops every process.
     """
+    from echo_runtime import tracking
     from echo_runtime.runner import local, session
 
     if resume and fresh:
         raise click.UsageError("--resume and --fresh exclude each other")
+    try:
+        trackers = tracking.parse_report_to(report_to) if report_to is not None else None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--report-to") from exc
     options = local.RunOptions(
         run_dir=run_dir,
         resume=resume,
@@ -78,6 +92,7 @@ def run(
         progress=not no_progress,
         cores=cores,
         pin_cores=pin_cores,
+        report_to=trackers,
     )
     try:
         summary = session.run(job_file, options, echo=click.echo)

@@ -16,6 +16,7 @@ import signal
 import sys
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import click
 
@@ -70,6 +71,13 @@ from echo_runtime import spec
     default=None,
     help="Fail if no batch arrives within this many seconds (default: wait indefinitely).",
 )
+@click.option(
+    "--report-to",
+    default=None,
+    metavar="TRACKERS",
+    help="Experiment trackers rank 0 reports to: any of tensorboard, mlflow, wandb, trackio "
+    "(comma-separated), all, or none (default: spec.trainingSwarm.tracking.reportTo).",
+)
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
 def trainer(
     job_path: str,
@@ -81,6 +89,7 @@ def trainer(
     cache_dir: Path | None,
     max_steps: int | None,
     batch_timeout: float | None,
+    report_to: str | None,
     log_level: str,
 ) -> None:
     """Run the GRPO trainer: pull batches, take optimizer steps, publish a snapshot after each one."""
@@ -95,6 +104,14 @@ def trainer(
         job = spec.load_job(job_path, name)
     except spec.ManifestError as exc:
         raise click.ClickException(str(exc)) from exc
+    from echo_runtime import tracking
+
+    try:
+        trackers = tracking.parse_report_to(
+            report_to if report_to is not None else job.training_swarm.tracking.report_to
+        )
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--report-to") from exc
 
     import torch
 
@@ -110,18 +127,22 @@ def trainer(
     store = (
         open_store(job.spec.storage, job.name, retention=job.sync_policy.retention) if world.is_main else None
     )
+    reporter = _reporter(job, trackers, url, token) if world.is_main and trackers else None
     options = loop.LoopOptions(
         resume=resume,
         cache_dir=cache_dir,
         metrics_path=metrics_file,
         max_steps=max_steps,
         batch_timeout_s=batch_timeout,
+        on_record=reporter.log if reporter is not None else None,
     )
     try:
         result = loop.run(job, coordinator=coordinator, store=store, world=world, options=options)
     except (loop.ResumeRefused, coordinator_client.CoordinatorError, SnapshotError, TimeoutError) as exc:
         raise click.ClickException(str(exc)) from exc
     finally:
+        if reporter is not None:
+            reporter.close()
         if coordinator is not None:
             coordinator.close()
         distributed.shutdown(world)
@@ -130,6 +151,35 @@ def trainer(
             f"trainer: version {result.start_version} → {result.version} "
             f"({result.version - result.start_version} optimizer step(s), rank 0 of {world.world_size}, pid {os.getpid()})"
         )
+
+
+def _reporter(job: spec.ResolvedJob, trackers: list[str], url: str, token: str) -> Any:
+    """Rank 0's experiment trackers: its own records, and after each the coordinator's status (from a
+    client of their own, asked from the trackers' thread, so a slow coordinator never holds a step)."""
+    import time
+
+    from echo_runtime import tracking
+    from echo_runtime.coordinator import client as coordinator_client
+
+    settings = job.training_swarm.tracking
+    t0 = time.time()
+    status_client = coordinator_client.TrainerClient(
+        url, token, timeout=5.0, retry=coordinator_client.RetryPolicy(attempts=1, deadline=5.0)
+    )
+
+    def status() -> dict[str, Any]:
+        doc = status_client.status().model_dump(by_alias=True, mode="json")
+        return {**doc, "kind": "status", "time": time.time() - t0}
+
+    run = tracking.RunInfo(
+        project=settings.project,
+        name=settings.run_name or job.name,
+        run_id=tracking.pod_run_id(job.name),
+        dir=Path(settings.dir or tracking.POD_DIR),
+        config=tracking.run_config(job),
+    )
+    logging.getLogger("echorl.trainer").info("reporting to %s (run %s)", ", ".join(trackers), run.run_id)
+    return tracking.Reporter(trackers, run, t0=t0, poll=status)
 
 
 def _stop(signum: int, frame: FrameType | None) -> None:

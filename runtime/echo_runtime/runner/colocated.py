@@ -49,7 +49,7 @@ import torch
 from echo_runtime import rollout, spec, staleness
 from echo_runtime.backends import base as backend_base
 from echo_runtime.coordinator import signal
-from echo_runtime.runner import console, cpus, local, memory, metrics
+from echo_runtime.runner import console, cpus, local, memory
 from echo_runtime.tasks import base as tasks_base
 
 RATE_WINDOW_S = 30.0
@@ -242,7 +242,7 @@ class ColocatedRun(local.LocalRun):
 
     def monitor(self) -> int:
         """Sample and train until maxSteps, in this process; 0 when done (errors raise)."""
-        log = metrics.MetricsLog(self.dir / "metrics.jsonl")
+        log = self.metrics_log()
         timing = (self.dir / "workers").joinpath("colocated.jsonl")
         timing.parent.mkdir(exist_ok=True)
         bar = console.ProgressBar(self.max_steps, enabled=self.options.progress)

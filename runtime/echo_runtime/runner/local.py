@@ -83,6 +83,8 @@ class RunOptions:
     pin_cores: bool = False
     """Pin each process to its own cores (:func:`.cpus.pin_plan`) instead of only sizing its thread pool."""
     status_interval_s: float = 1.0
+    report_to: list[str] | None = None
+    """Experiment trackers (``--report-to``); None: ``spec.trainingSwarm.tracking.reportTo``."""
 
 
 def free_port() -> int:
@@ -135,6 +137,8 @@ class LocalRun:
         self.t0 = time.time()
         self.elapsed_before = 0.0
         self._offsets: dict[Path, int] = {}
+        self._workers_reported: int | None = None
+        self._worker_last: dict[str, dict[str, Any]] = {}
         self.restarts = restarts.Restarts()
         self.memory = memory.MemoryWatch()
         """Peak resident memory of every process of the run (``summary.json`` → ``memory``)."""
@@ -143,6 +147,13 @@ class LocalRun:
             """``LD_PRELOAD`` of jemalloc for the torch processes, when installed (:mod:`.allocator`)."""
         except ValueError as exc:
             raise RunError(str(exc)) from exc
+        self.report_to = (
+            list(options.report_to)
+            if options.report_to is not None
+            else list(self.job.training_swarm.tracking.report_to)
+        )
+        """The experiment trackers this process reports to (the trainer reports to none)."""
+        self.reporter: Any = None
         self.evaluates = self.job.spec.task.eval_every > 0
         """Whether an evaluator runs (``task.evalEvery`` 0 turns it off)."""
         if options.target_accuracy is not None and not self.evaluates:
@@ -344,6 +355,7 @@ class LocalRun:
             metrics_file=str(self.dir / "trainer.jsonl"),
             max_steps=self.max_steps,
             cache_dir=str(self.dir / "cache" / "trainer"),
+            report=False,
         )
         return out
 
@@ -384,7 +396,7 @@ class LocalRun:
         (:class:`RunError` when a process keeps dying right after its restarts)."""
         from echo_runtime.coordinator import client as coord
 
-        log = metrics.MetricsLog(self.dir / "metrics.jsonl")
+        log = self.metrics_log()
         status_client = coord.TrainerClient(
             self.url, self.tokens["trainer"], timeout=5.0, retry=coord.RetryPolicy(attempts=2, deadline=5.0)
         )
@@ -400,6 +412,7 @@ class LocalRun:
                 with contextlib.suppress(coord.CoordinatorError):
                     doc = status_client.status().model_dump(by_alias=True, mode="json")
                     log.write({"kind": "status", "time": now, **doc})
+                    self.report_workers(doc["policyVersion"], now)
                     bar.update_to(doc["policyVersion"], doc, accuracy, self.restarts.counts())
                     self.show_warnings(doc)
                 self.memory.sample(memory.group_ids(self.procs.children))
@@ -473,8 +486,62 @@ class LocalRun:
         self.procs.stop_all(grace_s=15.0, order=workers)
         return self.write_summary()
 
+    # ------------------------------------------------------------------------------ trackers
+    def open_reporter(self) -> None:
+        """Start reporting to the experiment trackers, if any are asked for (after :meth:`start`: the
+        run's clock is set). A tracker that cannot open is reported and retried, never fatal."""
+        if not self.report_to:
+            return
+        from echo_runtime import tracking
+
+        settings = self.job.training_swarm.tracking
+        directory = Path(settings.dir) if settings.dir else self.dir / "tracking"
+        run = tracking.RunInfo(
+            project=settings.project,
+            name=settings.run_name or self.job.name,
+            run_id=tracking.run_id_file(self.dir / "tracking", self.job.name),
+            dir=directory,
+            config=tracking.run_config(self.job),
+        )
+        self.reporter = tracking.Reporter(
+            self.report_to, run, t0=self.t0, warn=lambda message: self.echo(f"warning: {message}")
+        )
+        self.echo(f"reporting to {', '.join(self.report_to)} (run {run.run_id}, files under {directory})")
+
+    def close_reporter(self) -> None:
+        if self.reporter is not None:
+            self.reporter.close()
+            self.reporter = None
+
+    def metrics_log(self) -> metrics.MetricsLog:
+        """``metrics.jsonl``, whose records also go to the trackers."""
+        forward = self.reporter.log if self.reporter is not None else None
+        return metrics.MetricsLog(self.dir / "metrics.jsonl", forward=forward)
+
+    def report_workers(self, version: int, now: float) -> None:
+        """Each local worker's busy (sampling) and load fractions, to the trackers only, once per
+        version (from the last line of its timing file: the fractions of its current incarnation)."""
+        if self.reporter is None or version == self._workers_reported:
+            return
+        self._workers_reported = version
+        for path in sorted((self.dir / "workers").glob("*.jsonl")):
+            for record in self._tail(path):
+                self._worker_last[path.stem] = record
+        fractions = {}
+        for name, record in self._worker_last.items():
+            wall = float(record.get("time") or 0.0)
+            if wall > 0:
+                fractions[name] = {
+                    "busyFraction": float(record.get("sampleSeconds", 0.0)) / wall,
+                    "loadFraction": float(record.get("loadSeconds", 0.0)) / wall,
+                }
+        if fractions:
+            self.reporter.log(
+                {"kind": "workerTiming", "policyVersion": version, "time": now, "workers": fractions}
+            )
+
     def write_summary(self) -> dict[str, Any]:
-        log = metrics.MetricsLog(self.dir / "metrics.jsonl")
+        log = self.metrics_log()
         for record in self._tail(self.dir / "eval.jsonl"):
             log.write(record)
         log.close()

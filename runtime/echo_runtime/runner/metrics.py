@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +28,18 @@ Record = Mapping[str, Any]
 class MetricsLog:
     """Appends records to ``metrics.jsonl``, one JSON object per line, flushed per record."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, forward: Callable[[Record], None] | None = None) -> None:
+        """``forward``, if given, also gets every record written (the experiment trackers)."""
         self.path = path
+        self.forward = forward
         path.parent.mkdir(parents=True, exist_ok=True)
         self._file = path.open("a", encoding="utf-8")
 
     def write(self, record: Record) -> None:
         self._file.write(json.dumps(record, sort_keys=True) + "\n")
         self._file.flush()
+        if self.forward is not None:
+            self.forward(record)
 
     def close(self) -> None:
         self._file.close()

@@ -62,6 +62,7 @@ def _run(job_path: Path, options: local.RunOptions, echo: Callable[[str], None])
     interrupted = False
     try:
         run.start()
+        run.open_reporter()
         code = run.monitor()
         if code != 0:
             raise local.RunError(
@@ -78,4 +79,5 @@ def _run(job_path: Path, options: local.RunOptions, echo: Callable[[str], None])
         if interrupted or not (run.dir / "summary.json").exists():
             with contextlib.suppress(Exception):
                 run.write_summary()
+        run.close_reporter()
     return summary

@@ -142,9 +142,11 @@ def trainer(
     metrics_file: str | None = None,
     max_steps: int | None = None,
     cache_dir: str | None = None,
+    report: bool = True,
 ) -> list[str]:
     """``echorl trainer``, under torchrun when the swarm has more than one process (its join token
-    comes from :data:`TRAINER_TOKEN_ENV`)."""
+    comes from :data:`TRAINER_TOKEN_ENV`). ``report=False``: the trainer reports to no experiment
+    tracker (``echorl run`` reports itself, evaluations included)."""
     launch = program.torchrun(swarm) if distributed(swarm) else program.echorl
     argv = [*launch, "trainer", "--job", job_file, "--coordinator", coordinator_url]
     if metrics_file is not None:
@@ -155,6 +157,8 @@ def trainer(
         argv += ["--cache-dir", cache_dir]
     if resume:
         argv.append("--resume")
+    if not report:
+        argv += ["--report-to", "none"]
     return argv
 
 

@@ -183,6 +183,48 @@ class InferencePool(InferenceSwarmSpec):
         return self
 
 
+Tracker = Literal["tensorboard", "mlflow", "wandb", "trackio"]
+TRACKERS: tuple[str, ...] = ("tensorboard", "mlflow", "wandb", "trackio")
+"""The experiment trackers Echo reports to (TRL's ``report_to`` names); each is an optional extra."""
+
+
+class Tracking(SpecModel):
+    """Experiment trackers the job's metrics go to, besides ``metrics.jsonl`` (docs/tracking.md).
+
+    The trainer's rank 0 reports in a cluster; ``echorl run`` reports from its own process, which also
+    sees the held-out evaluations. A tracker that fails never stops training: it is reported once,
+    retried, and turned off after repeated failures."""
+
+    report_to: list[Tracker] = Field(
+        default_factory=list, max_length=4, json_schema_extra={"x-kubernetes-list-type": "set"}
+    )
+    """``tensorboard``, ``mlflow``, ``wandb``, ``trackio``; empty: no tracker (``echorl run
+    --report-to`` overrides it)."""
+    project: str = Field(default="echorl", min_length=1, max_length=128)
+    """The W&B and trackio project, the MLflow experiment."""
+    run_name: str | None = Field(default=None, min_length=1, max_length=128)
+    """The run's name in the trackers (default: the job's name)."""
+    dir: str | None = Field(default=None, min_length=1)
+    """Where the file-based trackers write: TensorBoard's event files, MLflow's file store (unless
+    ``MLFLOW_TRACKING_URI`` is set), W&B's offline runs (unless ``WANDB_MODE``/``WANDB_API_KEY`` say
+    online), trackio's database (unless ``TRACKIO_DIR`` is set). Default: ``<run dir>/tracking`` for
+    ``echorl run``, ``/tmp/echorl-tracking`` in the trainer pod (mount a volume there to keep it)."""
+    samples_every: Int = Field(default=10, ge=0, le=1_000_000)
+    """A table of sample completions (prompt, completion, reward, worker) every N versions; 0: none."""
+    samples: Int = Field(default=4, ge=1, le=64)
+    """Rows in each table of samples (one completion from each of the batch's first groups)."""
+    secret_name: str | None = Field(default=None, min_length=1, max_length=253)
+    """A Secret whose keys become the trainer pod's environment (``WANDB_API_KEY``,
+    ``MLFLOW_TRACKING_URI``, ``MLFLOW_TRACKING_TOKEN``, ...). Locally, set them in your shell."""
+
+    @model_validator(mode="after")
+    def _unique(self) -> Tracking:
+        twice = sorted({t for t in self.report_to if self.report_to.count(t) > 1})
+        if twice:
+            raise ValueError(f"reportTo: each tracker may appear once, {', '.join(twice)} appears twice")
+        return self
+
+
 class TrainingSwarmSpec(TemplatedPlacement):
     """The trainer's torch.distributed group; rank 0 publishes snapshots."""
 
@@ -215,6 +257,8 @@ class TrainingSwarmSpec(TemplatedPlacement):
     the adapter, which is small, and ignore it."""
     threads: Int | None = Field(default=None, ge=1, le=1024)
     """CPU threads per trainer process (torch); default: the process's share of the cores."""
+    tracking: Tracking = Field(default_factory=Tracking)
+    """Experiment trackers (TensorBoard, MLflow, W&B, trackio) and the tables of sample completions."""
 
     @model_validator(mode="after")
     def _gpus(self) -> TrainingSwarmSpec:

@@ -64,6 +64,7 @@ from echo_runtime.models.prompts import Prompt, PromptStyle
 from echo_runtime.rollout import Batch
 from echo_runtime.snapshots import deltas, errors, manifest
 from echo_runtime.spec.load import ResolvedJob
+from echo_runtime.tracking import samples as tracking_samples
 from echo_runtime.trainer import checkpoint as ckpt
 from echo_runtime.trainer import collect, distributed, overlap, step, verify
 from echo_runtime.trainer.batch import shard
@@ -147,6 +148,8 @@ class LoopOptions:
     """Fetch the next batch and upload the last snapshot while a step runs (:mod:`.overlap`); False
     does them in line (to measure what overlapping saves). The batch timeout then starts with the
     prefetch, that is with the step before."""
+    on_record: Callable[[dict[str, Any]], None] | None = None
+    """Called on rank 0 with each step's record as it is written (the experiment trackers)."""
     collect: bool = True
     """Apply ``syncPolicy.retention`` to the store after each published version (:mod:`.collect`);
     False leaves every version in place (tests that read old versions back; a user sets ``keepLast``)."""
@@ -238,6 +241,8 @@ def run(
                 if metrics_file is not None:
                     metrics_file.write(json.dumps(record, sort_keys=True) + "\n")
                     metrics_file.flush()
+                if options.on_record is not None:
+                    options.on_record(record)
                 if options.on_step is not None:
                     options.on_step(stepped)
 
@@ -284,6 +289,8 @@ def run(
                 version += 1
                 timings = {"batchSeconds": waited, "publishSeconds": 0.0, "checkpointSeconds": 0.0}
                 record = metrics_record(metrics, timings, checked, trainer)
+                if trainer.samples:
+                    record["samples"], trainer.samples = trainer.samples, []
                 if main:
                     assert store is not None and coordinator is not None and publisher is not None
                     blocked = time.perf_counter()
@@ -338,6 +345,9 @@ class Trainer:
     """A group's prompt (text or chat messages) to ids: the workers' own function and prompt style."""
     checks: verify.WorkerStats = dataclasses.field(default_factory=verify.WorkerStats)
     """The log-prob checks per worker, over the run."""
+    samples: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """Rank 0: sample completions of the batch being trained, for its record when
+    ``tracking.samplesEvery`` says it is due (taken from the batch as it arrives)."""
     quarantined: set[str] = dataclasses.field(default_factory=set)
     """Workers caught lying; their groups never reach a step."""
     history: verify.History | None = None
@@ -525,6 +535,9 @@ def _next_batch(
                 reply = coordinator.wait_batch(version, timeout=timeout, step_seconds=step_seconds)
             if reply.version != version:
                 raise RuntimeError(f"asked for the batch at version {version}, got one for {reply.version}")
+            tracking = trainer.job.training_swarm.tracking
+            if tracking.samples_every and (version + 1) % tracking.samples_every == 0:
+                trainer.samples = tracking_samples(reply.groups, tracking.samples)
             batch, checked = trainer.check(
                 convert.batch_in(version, reply.groups, trainer.encode), coordinator
             )

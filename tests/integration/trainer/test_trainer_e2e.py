@@ -18,8 +18,10 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 import yaml
 
+import tracker_files
 from echo_runtime.backends import base as backend_base
 from echo_runtime.backends import seeded
 from echo_runtime.backends.transformers import TransformersBackend
@@ -100,7 +102,11 @@ def test_trainer_against_the_real_coordinator_and_backend(tiny_model_dir: str, t
             },
             "syncPolicy": {"mode": "Sequential", "maxStaleness": 0},
             "storage": {"type": "Local", "path": str(store_path)},
-            "trainingSwarm": {"checkpointInterval": 2, "device": "cpu", "threads": 1},
+            "trainingSwarm": {
+                "checkpointInterval": 2, "device": "cpu", "threads": 1,
+                # As in a trainer pod: rank 0 reports its records and the coordinator's status.
+                "tracking": {"reportTo": ["tensorboard"], "dir": str(tmp_path / "tracking"), "samples": 2, "samplesEvery": 1},
+            },
         },
     }  # fmt: skip
     job_file, tokens_file = tmp_path / "job.yaml", tmp_path / "tokens.yaml"
@@ -159,6 +165,20 @@ def test_trainer_against_the_real_coordinator_and_backend(tiny_model_dir: str, t
         # Same weights, same definition: only float rounding separates sampling from recomputation.
         assert mismatch["maxAbs"] < 1e-3 and abs(mismatch["klSeq"]) < 1e-5, record
         assert record["maxStaleness"] == 0 and record["droppedGroups"] == 0
+        assert len(record["samples"]) == 2 and all(s["staleness"] == 0 for s in record["samples"])
+
+    # The trainer's own tracker (the operator's face): its records, and the coordinator's status after each.
+    logdir = tmp_path / "tracking" / "tensorboard" / "e2e"
+    scalars = tracker_files.tensorboard_scalars(logdir)
+    assert [s for s, _ in scalars["train/loss"]] == [1, 2, 3]
+    assert [v for _, v in scalars["train/loss"]] == pytest.approx(
+        [r["loss"] for r in records], rel=1e-6, abs=1e-7
+    )
+    consumed = dict(scalars["coordinator/consumedGroups"])
+    assert consumed and max(consumed.values()) == 6 and set(consumed) <= {1, 2, 3}
+    texts = tracker_files.tensorboard_texts(logdir)
+    assert [s for s, _ in texts["samples"]] == [1, 2, 3]
+    assert records[2]["samples"][0]["prompt"].split("\n")[0] in texts["samples"][2][1]
 
 
 def job_spec_storage(path: Path) -> Storage:

@@ -280,6 +280,22 @@ def test_single_process_trainer_runs_without_torchrun(make_job: Any) -> None:
     assert "resources" not in container(sts) or "limits" not in container(sts)["resources"]
 
 
+def test_trackers_get_their_credentials_from_a_secret_and_one_run_id_per_job(make_job: Any) -> None:
+    text = "apiVersion: echorl.dev/v1alpha1\nkind: EchoJob\nmetadata: {name: solo, namespace: ml}\n"
+    plain = by_key(children.desired(make_job(text), SETTINGS))[("Job", "solo-trainer")]
+    assert "ECHORL_TRACKING_RUN_ID" not in env_of(plain) and "envFrom" not in container(plain)
+    tracked = (
+        text + "spec: {trainingSwarm: {tracking: {reportTo: [wandb, mlflow], secretName: tracker-keys}}}\n"
+    )
+    job = by_key(children.desired(make_job(tracked, uid="0123456789abcdef"), SETTINGS))[
+        ("Job", "solo-trainer")
+    ]
+    assert env_of(job)["ECHORL_TRACKING_RUN_ID"] == "solo-01234567"
+    assert container(job)["envFrom"] == [{"secretRef": {"name": "tracker-keys"}}]
+    # The trainer reads which trackers from the manifest; the command line does not say none.
+    assert "--report-to" not in container(job)["command"]
+
+
 def test_coordinator_is_a_recreated_singleton_with_probes_and_the_tokens_file(make_job: Any) -> None:
     index = by_key(children.desired(make_job(), SETTINGS))
     dep = index[("Deployment", "demo-coordinator")]

@@ -46,7 +46,8 @@ FACE_ONLY = {
         "--metrics-auth", "--tls-cert", "--tls-key", "--tls-port",
     },
     "worker": {"--job", "--coordinator", "--metrics", "--cache-dir"},
-    "trainer": {"--job", "--coordinator", "--metrics-file", "--max-steps", "--cache-dir", "--resume"},
+    # --report-to none: locally the runner reports to the trackers, in a pod the trainer does.
+    "trainer": {"--job", "--coordinator", "--metrics-file", "--max-steps", "--cache-dir", "--resume", "--report-to"},
 }  # fmt: skip
 """Per command, the options whose values are a face's own (files, addresses, local-only settings)."""
 
