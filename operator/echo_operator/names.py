@@ -38,9 +38,10 @@ whose own ``replicas`` is unset, given back on resume."""
 RESUME_MANAGER = f"{MANAGER}-resume"
 """Field manager that gives those replicas back, so that afterwards they are not the operator's."""
 
-Component = Literal["coordinator", "inference", "trainer", "config", "join-token", "storage"]
+Component = Literal["coordinator", "inference", "trainer", "scorer", "config", "join-token", "storage"]
 
 COORDINATOR_PORT = 8700  # the coordinator's own default (`echorl coordinator --port`)
+SCORER_PORT = 8710  # `echorl scorer --port`'s default
 COORDINATOR_TLS_PORT = 8443
 """The coordinator's TLS port (``--tls-port``): the only port of its external Service."""
 RENDEZVOUS_PORT = 29500
@@ -91,10 +92,27 @@ STATUS_ROLE = "status"
 """The read-only role: the coordinator's status document and metrics, nothing else (the operator's)."""
 
 
+SCORER_ROLE = "scorer"
+"""The scoring pools' role: the coordinator calls them with its token, nothing else holds it."""
+
+
 def role_secret(job: str, role: str) -> str:
-    """The Secret holding a role's token: ``<job>-<role>-join``; ``<job>-status-token`` for the status
-    token (not a join token, and not a name any pool's Secret can take)."""
-    return f"{job}-status-token" if role == STATUS_ROLE else join_secret(job, role)
+    """The Secret holding a role's token: ``<job>-<role>-join``; ``<job>-status-token`` and
+    ``<job>-scorer-token`` for the status and scorer tokens (not join tokens, and not names any pool's
+    Secret can take)."""
+    if role in (STATUS_ROLE, SCORER_ROLE):
+        return f"{job}-{role}-token"
+    return join_secret(job, role)
+
+
+def scorer(job: str, model: str) -> str:
+    """A reward model's scoring pool: its Deployment and Service (pool names may not start with
+    ``scorer-``, so no pool's Deployment takes the name)."""
+    return f"{job}-scorer-{model}"
+
+
+def scorer_url(job: str, namespace: str, model: str) -> str:
+    return f"http://{scorer(job, model)}.{namespace}.svc:{SCORER_PORT}"
 
 
 def tokens_secret(job: str) -> str:

@@ -69,7 +69,10 @@ def external_fields(
 def roles(resolved: spec.ResolvedJob) -> tuple[list[str], set[str]]:
     """(every role that needs a token, the roles of external pools)."""
     pools = resolved.inference_pools
-    return ["trainer", names.STATUS_ROLE, *(p for p, _ in pools)], {p for p, s in pools if s.external}
+    scorer = [names.SCORER_ROLE] if resolved.spec.reward_models else []
+    return ["trainer", names.STATUS_ROLE, *scorer, *(p for p, _ in pools)], {
+        p for p, s in pools if s.external
+    }
 
 
 def digests(tokens: Mapping[str, str]) -> dict[str, str]:

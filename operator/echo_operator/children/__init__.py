@@ -15,6 +15,7 @@ server-side-applies. One module per thing rendered:
 * :mod:`.coordinator` — ``<job>-coordinator`` Deployment and Service, and the external Service;
 * :mod:`.pools` — ``<job>-<pool>`` Deployment per in-cluster inference pool;
 * :mod:`.trainer` — ``<job>-trainer`` indexed Job and headless Service: the trainer as a gang;
+* :mod:`.scorers` — ``<job>-scorer-<model>`` Deployment and Service per reward model (its scoring pool);
 * :mod:`.pods` — what every pod is built from (environment, volumes, security, ``podTemplate``).
 
 Every process's command line comes from :mod:`echo_runtime.spec.commands`, as ``echorl run``'s do.
@@ -32,7 +33,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from echo_operator import names
-from echo_operator.children import coordinator, inputs, manifest, pools, token_secrets, trainer
+from echo_operator.children import coordinator, inputs, manifest, pools, scorers, token_secrets, trainer
 from echo_operator.config import Settings
 
 Object = dict[str, Any]
@@ -53,6 +54,7 @@ def desired(job: inputs.JobInput, settings: Settings) -> list[Object]:
         trainer.trainer_service(job),
         trainer.trainer_job(job, settings) if job.active else None,
         *(pools.pool_deployment(job, pool, settings) for pool in job.pools),
+        *(obj for model in job.spec.reward_models for obj in scorers.scorer_children(job, model, settings)),
     ]
     return [o for o in objects if o is not None]
 
@@ -63,5 +65,7 @@ def key(obj: Object) -> tuple[str, str]:
 
 
 def roles(job: inputs.JobInput) -> Sequence[str]:
-    """The roles that need a join token: the trainer and every pool."""
-    return ["trainer", names.STATUS_ROLE, *(p.name for p in job.pools)]
+    """The roles that need a token: the trainer, the status reader, the scoring pools (if any) and
+    every pool."""
+    scorer = [names.SCORER_ROLE] if job.spec.reward_models else []
+    return ["trainer", names.STATUS_ROLE, *scorer, *(p.name for p in job.pools)]

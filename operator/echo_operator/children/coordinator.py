@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from echo_operator import names
-from echo_operator.children import inputs, manifest, pods, token_secrets
+from echo_operator.children import inputs, manifest, pods, scorers, token_secrets
 from echo_operator.config import Settings
 from echo_runtime import spec as echo_spec
 from echo_runtime.spec import commands
@@ -38,6 +38,9 @@ def coordinator_args(job: inputs.JobInput, settings: Settings) -> list[str]:
         else commands.TLSFiles(
             f"{pods.TLS_DIR}/tls.crt", f"{pods.TLS_DIR}/tls.key", names.COORDINATOR_TLS_PORT
         ),
+        reward_pools={
+            m.name: [names.scorer_url(job.name, job.namespace, m.name)] for m in job.spec.reward_models
+        },
     )
 
 
@@ -50,7 +53,9 @@ def coordinator_deployment(job: inputs.JobInput, settings: Settings) -> Object:
         "imagePullPolicy": settings.image_pull_policy,
         "command": coordinator_args(job, settings),
         "ports": [{"name": "http", "containerPort": names.COORDINATOR_PORT, "protocol": "TCP"}],
-        "env": pods.common_env() + pods.store_env(job.store, readonly=False),
+        "env": pods.common_env()
+        + pods.store_env(job.store, readonly=False)
+        + ([scorers.token_env(job)] if job.spec.reward_models else []),
         "readinessProbe": {
             "httpGet": {"path": "/healthz", "port": "http"},
             "periodSeconds": 5,

@@ -36,6 +36,7 @@ def process_manifest(job: inputs.JobInput) -> Object:
     """
     keep_training = set(echo_spec.TrainingSwarmSpec.model_fields) - _PLACEMENT
     keep_pool = set(echo_spec.InferenceSwarmSpec.model_fields) - _PLACEMENT - {"replicas"}
+    keep_scorer = set(echo_spec.RewardModel.model_fields) - _PLACEMENT - {"replicas"}
     body = echo_spec.EchoJobSpec(
         model=job.spec.model,
         task=job.spec.task,
@@ -46,6 +47,9 @@ def process_manifest(job: inputs.JobInput) -> Object:
         inference_swarms=[
             echo_spec.InferencePool(name=p.name, **{k: getattr(p.spec, k) for k in keep_pool})
             for p in job.pools
+        ],
+        reward_models=[
+            echo_spec.RewardModel(**{k: getattr(m, k) for k in keep_scorer}) for m in job.spec.reward_models
         ],
     )
     manifest = echo_spec.EchoJob(

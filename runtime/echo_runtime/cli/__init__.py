@@ -15,6 +15,7 @@ from echo_runtime.cli import export as export_cmd
 from echo_runtime.cli import model as model_cmd
 from echo_runtime.cli import operator_cmd
 from echo_runtime.cli import run as run_cmd
+from echo_runtime.cli import scorer as scorer_cmd
 from echo_runtime.cli import simulate as simulate_cmd
 from echo_runtime.cli import snapshots as snapshots_cmd
 from echo_runtime.cli import trainer as trainer_cmd
@@ -35,6 +36,7 @@ main.add_command(export_cmd.export)
 main.add_command(coordinator_cmd.coordinator)
 main.add_command(worker_cmd.worker)
 main.add_command(trainer_cmd.trainer)
+main.add_command(scorer_cmd.scorer)
 main.add_command(run_cmd.run)
 main.add_command(operator_cmd.operator)
 main.add_command(bench_cmd.bench)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import click
 
-from echo_runtime import spec
+from echo_runtime import rewards, spec
 
 
 @click.command()
@@ -114,6 +115,14 @@ from echo_runtime import spec
     default=None,
     help="Serve TLS on this port and keep --port plain HTTP (default: TLS on --port itself).",
 )
+@click.option(
+    "--reward-model",
+    "reward_models",
+    multiple=True,
+    metavar="NAME=URL[,URL...]",
+    help="The scoring pool of spec.rewardModels[NAME] (its echorl scorer processes); one per reward model. "
+    "The token they take comes from ECHORL_SCORER_TOKEN.",
+)
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
 def coordinator(
     job_path: str,
@@ -134,6 +143,7 @@ def coordinator(
     tls_cert: str | None,
     tls_key: str | None,
     tls_port: int | None,
+    reward_models: tuple[str, ...],
     log_level: str,
 ) -> None:
     """Run the coordinator of one EchoJob: leases, replay buffer, both sync protocols and the Δmax bound.
@@ -153,6 +163,12 @@ def coordinator(
         )
     if tls_cert is not None:
         _check_tls_pair(tls_cert, tls_key or "")
+    pools: dict[str, list[str]] = {}
+    for given in reward_models:
+        model, _, urls = given.partition("=")
+        if not model or not urls:
+            raise click.BadParameter(f"{given!r}: expected NAME=URL[,URL...]", param_hint="--reward-model")
+        pools.setdefault(model, []).extend(u for u in urls.split(",") if u)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         job = spec.load_job(job_path, name)
@@ -173,6 +189,8 @@ def coordinator(
             verifier_processes=verifier_processes,
             pacing=pacing,
             metrics_auth=metrics_auth,
+            reward_pools=pools,
+            scorer_token=os.environ.get(rewards.TOKEN_ENV),
         )
     except (spec.ManifestError, auth.TokenError, service.SetupError) as exc:
         raise click.ClickException(str(exc)) from exc

@@ -18,11 +18,12 @@ import importlib
 import logging
 import signal
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal, Protocol
 
 import uvicorn
 
+from echo_runtime import rewards
 from echo_runtime.coordinator import api, auth, config, scoring, state, trust
 from echo_runtime.spec import ResolvedJob
 from echo_runtime.tasks import base as tasks_base
@@ -122,12 +123,16 @@ def build(
     verifier_processes: int = 1,
     pacing: bool = True,
     metrics_auth: bool = False,
+    reward_pools: Mapping[str, Sequence[str]] | None = None,
+    scorer_token: str | None = None,
 ) -> api.Service:
     """A ready-to-serve coordinator for ``job`` (``t_train`` recovered from ``store``).
 
     With ``task`` given as an object, rollouts are scored in the event loop's thread (tests); otherwise
     the task is built from the spec here and, by name again, in ``verifier_processes`` scoring processes.
-    ``detokenizer`` None skips the token-id check (load tests with synthetic ids only)."""
+    ``detokenizer`` None skips the token-id check (load tests with synthetic ids only).
+    ``reward_pools``: each of ``spec.rewardModels``' scoring pool addresses (``echorl scorer``), called
+    with ``scorer_token``."""
     missing = tokens.missing_pools(name for name, _ in job.inference_pools)
     if missing:
         raise SetupError(f"tokens: no join token for pool(s) {', '.join(missing)}")
@@ -153,6 +158,7 @@ def build(
         scorer = scoring.ProcessScorer(job.spec.task, processes=verifier_processes, timeout_s=score_timeout)
     else:
         scorer = scoring.InlineScorer(task, score_timeout)
+    scorer = _with_reward_models(job, scorer, reward_pools or {}, scorer_token)
     t_train = recover_version(store)
     coordinator = state.CoordinatorState(
         settings, task, now=time.monotonic(), t_train=t_train, detokenizer=detokenizer
@@ -170,6 +176,35 @@ def build(
     if metrics_auth and tokens.status is None:
         raise SetupError("--metrics-auth: the tokens file has no 'status' token to read the metrics with")
     return api.Service(coordinator, tokens, scorer=scorer, metrics_auth=metrics_auth)
+
+
+def _with_reward_models(
+    job: ResolvedJob, scorer: scoring.Scorer, pools: Mapping[str, Sequence[str]], token: str | None
+) -> scoring.Scorer:
+    """The verifier's scorer, with the job's reward models' scoring pools when it has any."""
+    wanted = {m.name: m for m in job.spec.reward_models}
+    unknown = sorted(set(pools) - set(wanted))
+    if unknown:
+        raise SetupError(
+            f"--reward-model: {', '.join(unknown)} not in spec.rewardModels ({', '.join(wanted) or 'none'})"
+        )
+    if not wanted:
+        return scorer
+    missing = sorted(n for n in wanted if not pools.get(n))
+    if missing:
+        raise SetupError(
+            f"spec.rewardModels: no scoring pool address for {', '.join(missing)} (--reward-model NAME=URL)"
+        )
+    if not token:
+        raise SetupError(f"spec.rewardModels: the scoring pools' token is missing ({rewards.TOKEN_ENV})")
+    from echo_runtime.rewards import pool
+
+    clients = [pool.PoolClient(settings, pools[name], token) for name, settings in wanted.items()]
+    log.info(
+        "reward models: %s",
+        ", ".join(f"{c.settings.name} ({c.settings.type}, {len(c.urls)} address(es))" for c in clients),
+    )
+    return pool.WithRewardModels(scorer, clients, job.spec.task.reward_weight)
 
 
 class _CoalescingTransport:

@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import secrets
 import shlex
 import shutil
 import socket
@@ -40,7 +41,7 @@ from typing import Any
 
 import yaml
 
-from echo_runtime import spec
+from echo_runtime import rewards, spec
 from echo_runtime.runner import allocator, console, cpus, memory, metrics, plots, restarts
 from echo_runtime.runner.procs import Child, NotHealthy, Processes, wait_healthy
 from echo_runtime.spec import commands
@@ -208,6 +209,8 @@ class LocalRun:
         token_file.write_text(json.dumps(tokens))
         token_file.chmod(0o600)
         self.tokens = tokens
+        self.scorer_token = secrets.token_urlsafe(32)
+        """The scoring pools' token, for the coordinator and the scorers alone (in their environment)."""
 
     def resolve_model(self) -> str:
         """Build (and warm up) a built-in model before any process needs it, with visible progress, in a
@@ -245,9 +248,19 @@ class LocalRun:
         self.plan = plan
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
+        scorers = self._scorers()
+        self.scorer_ports = {process: free_port() for process, _ in scorers}
         argvs = self.command_lines(port, plan)
-        self.procs.start("coordinator", argvs.pop("coordinator"), env=thread_env(1))
+        scorer_env = {rewards.TOKEN_ENV: self.scorer_token}
+        for process, model in scorers:
+            self.procs.start(
+                process,
+                argvs.pop(process),
+                env={**thread_env(model.threads or 1), **self.malloc_env, **scorer_env},
+            )
+        self.procs.start("coordinator", argvs.pop("coordinator"), env={**thread_env(1), **scorer_env})
         self._wait_healthy()
+        self._wait_scorers(scorers)
         self.echo(
             f"processes: coordinator, trainer ({plan.trainer} thread(s)), {n_workers} worker(s) "
             f"({plan.worker} thread(s) each), {'evaluator' if self.evaluates else 'no evaluator (task.evalEvery 0)'}"
@@ -309,6 +322,36 @@ class LocalRun:
             cpus=None if pins is None else pins.trainer,
         )
 
+    def _scorers(self) -> list[tuple[str, spec.RewardModel]]:
+        """(process name ``scorer-<model>-<i>``, reward model) of every scoring process."""
+        return [(f"scorer-{m.name}-{i}", m) for m in self.job.spec.reward_models for i in range(m.replicas)]
+
+    def _wait_scorers(self, scorers: list[tuple[str, spec.RewardModel]], timeout_s: float = 600.0) -> None:
+        """Wait until every scoring process answers (loading a model takes a while): workers started
+        before would only have their first groups refused with 503 and retried."""
+        import httpx
+
+        if not scorers:
+            return
+        self.echo(
+            f"scoring pools: {', '.join(sorted({m.name for _, m in scorers}))} ({len(scorers)} process(es)), loading"
+        )
+        deadline = time.monotonic() + timeout_s
+        for process, _ in scorers:
+            url = f"http://127.0.0.1:{self.scorer_ports[process]}/healthz"
+            while True:
+                child = self.procs.children[process]
+                if child.returncode is not None:
+                    raise RunError(f"{process} exited with code {child.returncode}:\n{child.log_tail()}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(url, timeout=2.0).status_code == 200:
+                        break
+                if time.monotonic() > deadline:
+                    raise RunError(
+                        f"{process} did not answer within {timeout_s:.0f} s; log: {child.log_path}"
+                    )
+                time.sleep(0.5)
+
     def _workers(self) -> list[tuple[str, str, spec.InferenceSwarmSpec]]:
         """(process name ``<pool>-<i>``, pool name, pool) of every worker this machine runs."""
         return [
@@ -323,6 +366,12 @@ class LocalRun:
         (unless evaluation is off) and the trainer (:mod:`echo_runtime.spec.commands`, as the operator's
         pods get them)."""
         job_file, url = str(self.dir / "job.yaml"), f"http://127.0.0.1:{port}"
+        ports = getattr(self, "scorer_ports", None) or {
+            p: port + 1 + i for i, (p, _) in enumerate(self._scorers())
+        }
+        pools: dict[str, list[str]] = {}
+        for process, model in self._scorers():
+            pools.setdefault(model.name, []).append(f"http://127.0.0.1:{ports[process]}")
         out = {
             "coordinator": commands.coordinator(
                 PROGRAM,
@@ -331,8 +380,11 @@ class LocalRun:
                 port=port,
                 heartbeat_interval_s=HEARTBEAT_INTERVAL_S,
                 lease_timeout_s=LEASE_TIMEOUT_S,
+                reward_pools=pools,
             )
         }
+        for process, model in self._scorers():
+            out[process] = commands.scorer(PROGRAM, model, job_file=job_file, port=ports[process])
         for process, name, pool in self._workers():
             out[process] = commands.worker(
                 PROGRAM,

@@ -28,6 +28,7 @@ from echo_runtime.spec.objects import (
     TrainingSwarm,
 )
 from echo_runtime.spec.policy import Algorithm, LoRA, Model, Retention, Sampling, SyncPolicySpec, Task
+from echo_runtime.spec.rewards import RewardModel
 from echo_runtime.spec.scheduling import Affinity, Placement, Resources, Toleration
 from echo_runtime.spec.status import Condition, EchoJobStatus, PoolStatus, SwarmStatus
 from echo_runtime.spec.swarms import InferencePool, InferenceSwarmSpec, Storage, TrainingSwarmSpec
@@ -59,6 +60,7 @@ __all__ = [
     "ResolvedJob",
     "Resources",
     "Retention",
+    "RewardModel",
     "Sampling",
     "SpecModel",
     "Storage",

@@ -24,9 +24,10 @@ appear in an argv, where any user of the machine could read them: the faces pass
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import overload
 
+from echo_runtime.spec.rewards import RewardModel
 from echo_runtime.spec.swarms import InferenceSwarmSpec, TrainingSwarmSpec
 
 WORKER_TOKEN_ENV = "ECHORL_TOKEN"
@@ -67,8 +68,11 @@ def coordinator(
     lease_timeout_s: float | None = None,
     metrics_auth: bool = False,
     tls: TLSFiles | None = None,
+    reward_pools: Mapping[str, Sequence[str]] | None = None,
 ) -> list[str]:
-    """``echorl coordinator``; ``None`` leaves an option at the command's default."""
+    """``echorl coordinator``; ``None`` leaves an option at the command's default. ``reward_pools``:
+    the scoring pool addresses of each of ``spec.rewardModels`` (the face's own: ports on this machine,
+    or a Service's DNS name)."""
     argv = [*program.echorl, "coordinator", "--job", job_file, "--tokens-file", tokens_file]
     if host is not None:
         argv += ["--host", host]
@@ -81,7 +85,20 @@ def coordinator(
         argv.append("--metrics-auth")
     if tls is not None:
         argv += ["--tls-cert", tls.cert, "--tls-key", tls.key, "--tls-port", str(tls.port)]
+    for name, urls in (reward_pools or {}).items():
+        argv += ["--reward-model", f"{name}={','.join(urls)}"]
     return argv
+
+
+def scorer(
+    program: Program, model: RewardModel, *, job_file: str, port: int, host: str | None = None
+) -> list[str]:
+    """``echorl scorer``: one process of a reward model's scoring pool (its token comes from
+    :data:`echo_runtime.rewards.TOKEN_ENV`)."""
+    argv = [*program.echorl, "scorer", "--job", job_file, "--reward-model", model.name]
+    if host is not None:
+        argv += ["--host", host]
+    return [*argv, "--port", str(port)]
 
 
 @overload

@@ -77,11 +77,13 @@ class Dataset(SpecModel):
     ``reward_model.ground_truth``); null when only reward functions score."""
     id_field: str | None = Field(default=None, min_length=1, pattern=_FIELD)
     """A column naming each row (the key of the held-out hash and of problem ids); default: the prompt."""
-    checker: Literal["Math", "Numeric", "Exact", "None"] = "Math"
+    checker: Literal["Math", "Numeric", "Exact", "MathVerify", "None"] = "Math"
     """The built-in check of a completion against the answer: ``Math`` (the boxed answer, else the last
     number, equal as exact fractions; a non-numeric boxed answer equal as normalised text), ``Numeric``
     (the last number), ``Exact`` (the boxed answer or the whole completion, equal after trimming
-    whitespace), or ``None`` (reward functions only)."""
+    whitespace), ``MathVerify`` (Hugging Face's math-verify parses the answer, LaTeX or plain, and
+    compares it with the reference symbolically; needs the optional extra: pip install
+    'echorl[math-verify]'), or ``None`` (reward functions only)."""
     checker_weight: Number = Field(default=1.0, ge=0)
     """The checker's weight in the reward."""
     reward_functions: list[RewardFunction] = Field(default_factory=list)

@@ -17,6 +17,7 @@ from pydantic import ConfigDict, Field, model_validator
 
 from echo_runtime.spec.base import Bool, Int, ObjectMeta, SpecModel, cel
 from echo_runtime.spec.policy import COLOCATED_IN_CLUSTER, Algorithm, Model, SyncPolicySpec, Task
+from echo_runtime.spec.rewards import RewardModel
 from echo_runtime.spec.status import EchoJobStatus, SwarmStatus
 from echo_runtime.spec.swarms import InferencePool, InferenceSwarmSpec, Storage, TrainingSwarmSpec
 
@@ -36,7 +37,8 @@ MODEL_PATH_IN_CLUSTER = (
     "echorl:tiny); only `echorl run` defaults it to echorl:tiny"
 )
 RESERVED_POOL_NAMES = (
-    "pool names 'trainer' and 'coordinator' are reserved in a cluster: they name other children of the job"
+    "pool names 'trainer' and 'coordinator', and names starting with 'scorer-', are reserved in a cluster: "
+    "they name other children of the job"
 )
 
 
@@ -56,7 +58,7 @@ class EchoJobSpec(SpecModel):
                 ".trainingSwarmRef",
             ),
             (  # in a cluster they would collide with `<job>-trainer-join` and `<job>-coordinator`
-                "self.inferenceSwarms.all(p, p.name != 'trainer' && p.name != 'coordinator')",
+                "self.inferenceSwarms.all(p, p.name != 'trainer' && p.name != 'coordinator' && !p.name.startsWith('scorer-'))",
                 RESERVED_POOL_NAMES,
                 ".inferenceSwarms",
             ),
@@ -88,6 +90,13 @@ class EchoJobSpec(SpecModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     """Inference pools; each inline or a ``swarmRef``."""
+    reward_models: list[RewardModel] = Field(
+        default_factory=list,
+        max_length=8,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    """Reward models and LLM judges beside the task's verifier, each run by a scoring pool of the job's
+    own (docs/rewards.md); the reward is the weighted mean of the verifier and every one of them."""
     suspend: Bool = False
     """Scale every process of the job to zero (state in the snapshot store is kept)."""
     backoff_limit: Int = Field(default=3, ge=0, le=1000)
@@ -112,6 +121,14 @@ class EchoJobSpec(SpecModel):
                     f"inferenceSwarms: pool name {pool.name!r} appears twice; names must be unique"
                 )
             seen.add(pool.name)
+        names = [m.name for m in self.reward_models]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"rewardModels: name {twice[0]!r} appears twice; names must be unique")
+        if self.reward_models and self.task.reward_weight + sum(m.weight for m in self.reward_models) <= 0:
+            raise ValueError(
+                "rewardModels: every weight is 0 (task.rewardWeight too); the reward needs one above 0"
+            )
         return self
 
 
@@ -167,7 +184,7 @@ class EchoJob(SpecModel):
         if "path" not in job.model.model_fields_set:
             out.append(("spec.model.path", MODEL_PATH_IN_CLUSTER))
         for i, pool in enumerate(job.inference_swarms):
-            if pool.name in ("trainer", "coordinator"):
+            if pool.name in ("trainer", "coordinator") or pool.name.startswith("scorer-"):
                 out.append((f"spec.inferenceSwarms[{i}].name", f"{RESERVED_POOL_NAMES}, got {pool.name!r}"))
         if job.sync_policy is not None and job.sync_policy.mode == "Colocated":
             out.append(("spec.syncPolicy.mode", COLOCATED_IN_CLUSTER))

@@ -76,8 +76,9 @@ class Task(SpecModel):
     )
 
     name: str = Field(default="arithmetic", min_length=1, pattern=r"^[A-Za-z_][\w.]*(:[A-Za-z_]\w*)?$")
-    """A built-in task (``arithmetic``, ``knights_knaves``, ``sokoban``, ``math``, ``dataset``), a task
-    installed under the ``echorl.tasks`` entry-point group, or ``module:function``."""
+    """A built-in task (``arithmetic``, ``knights_knaves``, ``sokoban``, ``math``, ``dataset``,
+    ``reasoning_gym``), a task installed under the ``echorl.tasks`` entry-point group, or
+    ``module:function``."""
     options: dict[str, Any] = Field(default_factory=dict)
     """Task options, passed to the task's constructor."""
     dataset: Dataset | None = None
@@ -88,6 +89,9 @@ class Task(SpecModel):
     same rendering is used by every worker, the trainer, the evaluator and the warm-up."""
     system_prompt: str | None = None
     """A system message put before every prompt (chat), or text before it (raw)."""
+    reward_weight: Number = Field(default=1.0, ge=0)
+    """The verifier's weight in the reward when ``spec.rewardModels`` adds model rewards (the weighted
+    mean of all); 0 leaves the reward to the models (held-out accuracy still uses the verifier)."""
     heldout_size: Int = Field(default=200, ge=1, le=100_000)
     """Number of held-out prompts (never used in training) for evaluation."""
     eval_every: Int = Field(default=10, ge=0)

@@ -22,8 +22,10 @@ JSONL, JSON, CSV or Parquet files or a ``datasets`` directory (:mod:`.tables`).
   equal to the answer's as exact fractions (``3/4`` = ``0.75`` = ``\\frac{3}{4}``); a non-numeric answer
   must equal the boxed text after normalisation (spaces, ``\\left``/``\\right``, ``\\dfrac``); ``Numeric``
   — the last number only; ``Exact`` — the boxed text, else the whole completion, equal to the answer
-  after trimming whitespace. Each scores 1 when right, 0.1 when it found an answer that is wrong, else 0
-  (the project's convention, :mod:`.scoring`); components ``format`` and ``correct`` are the checker's.
+  after trimming whitespace; ``MathVerify`` — Hugging Face's math-verify compares the answer it parses
+  out of the completion with the reference symbolically (an optional extra, :mod:`.mathverify`). Each
+  scores 1 when right, 0.1 when it found an answer that is wrong, else 0 (the project's convention,
+  :mod:`.scoring`); components ``format`` and ``correct`` are the checker's.
 * **Reward functions** have TRL's signature ``f(prompts, completions, **columns) -> list[float | None]``:
   ``prompts`` the row's prompt (text, or the messages), ``completions`` the completion (text, or
   ``[{"role": "assistant", "content": ...}]`` for a chat prompt), and every other column of the row as
@@ -51,7 +53,7 @@ from typing import Any
 import pydantic
 
 from echo_runtime.spec import dataset as dataset_spec
-from echo_runtime.tasks import answers, base, scoring, splits, tables
+from echo_runtime.tasks import answers, base, mathverify, scoring, splits, tables
 
 NAME = "dataset"
 HASH_BUCKETS = 10_000
@@ -105,6 +107,8 @@ def normalise(text: str) -> str:
 def check(checker: str, completion: str, answer: Any) -> tuple[bool, bool, str]:
     """``(found, correct, reason)`` of a completion under a built-in checker; never raises."""
     text = completion[:_MAX_TEXT]
+    if checker == "MathVerify":
+        return mathverify.check(text, answer)
     if checker == "Exact":
         inside = answers.boxed(text)
         given = (inside if inside is not None else text).strip()
@@ -133,6 +137,8 @@ def check(checker: str, completion: str, answer: Any) -> tuple[bool, bool, str]:
 
 def reference_of(checker: str, answer: Any) -> str:
     """A completion the checker scores 1."""
+    if checker == "MathVerify":
+        return mathverify.reference(answer)
     number = _number(answer)
     if checker == "Math":
         return f"\\boxed{{{answers.canonical(number) if number is not None else str(answer).strip()}}}"
@@ -221,6 +227,8 @@ class DatasetTask:
             )
             raise ValueError(f"{NAME}: spec.task.dataset: {problems}") from None
         s = self.settings
+        if s.checker == "MathVerify":
+            mathverify.load()  # a missing extra is an error now, not at the first completion
         self.functions = [
             RewardCall(f.function, f.weight, f"spec.task.dataset.rewardFunctions[{i}]")
             for i, f in enumerate(s.reward_functions)

@@ -289,6 +289,7 @@ def run(
                 version += 1
                 timings = {"batchSeconds": waited, "publishSeconds": 0.0, "checkpointSeconds": 0.0}
                 record = metrics_record(metrics, timings, checked, trainer)
+                record["rewardComponents"] = reward_components(batch)
                 if trainer.samples:
                     record["samples"], trainer.samples = trainer.samples, []
                 if main:
@@ -676,6 +677,17 @@ def recover_record(store: Store, metrics_path: Path, version: int, cache_dir: Pa
         ", ".join(str(r.get("policyVersion")) for r in recovered),
     )
     return True
+
+
+def reward_components(batch: Batch) -> dict[str, float]:
+    """Each reward component's mean over the batch's rollouts that have it (the task's own parts, and
+    with ``spec.rewardModels`` the verifier's reward as ``task`` and each model's by its name)."""
+    sums: dict[str, list[float]] = {}
+    for group in batch.groups:
+        for rollout in group.rollouts:
+            for name, value in rollout.reward_components.items():
+                sums.setdefault(name, []).append(float(value))
+    return {name: sum(values) / len(values) for name, values in sorted(sums.items())}
 
 
 def metrics_record(

@@ -296,6 +296,42 @@ def test_trackers_get_their_credentials_from_a_secret_and_one_run_id_per_job(mak
     assert "--report-to" not in container(job)["command"]
 
 
+def test_a_reward_model_gets_a_scoring_pool_the_coordinator_calls_with_the_scorer_token(
+    make_job: Any,
+) -> None:
+    text = (
+        "apiVersion: echorl.dev/v1alpha1\nkind: EchoJob\nmetadata: {name: solo, namespace: ml}\n"
+        "spec:\n  rewardModels:\n  - {name: judge, type: Judge, model: /models/j, rubric: '{prompt} {completion}',"
+        " replicas: 2, nodeSelector: {pool: rm}}\n"
+    )
+    job = make_job(text)
+    index = by_key(children.desired(job, SETTINGS))
+    deployment, service = index[("Deployment", "solo-scorer-judge")], index[("Service", "solo-scorer-judge")]
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "rm"}
+    command = container(deployment)["command"]
+    assert command[:2] == ["echorl", "scorer"] and command[command.index("--reward-model") + 1] == "judge"
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    token = {"secretKeyRef": {"name": "solo-scorer-token", "key": "token"}}
+    assert env_of(deployment)["ECHORL_SCORER_TOKEN"] == token
+    coordinator = index[("Deployment", "solo-coordinator")]
+    assert env_of(coordinator)["ECHORL_SCORER_TOKEN"] == token
+    args = container(coordinator)["command"]
+    assert args[args.index("--reward-model") + 1] == "judge=http://solo-scorer-judge.ml.svc:8710"
+    assert "scorer" in children.roles(job)
+    # No worker or trainer holds the scoring token.
+    for obj in (index[("Job", "solo-trainer")], *(o for k, o in index.items() if k[1] == "solo-default")):
+        assert "ECHORL_SCORER_TOKEN" not in env_of(obj)
+    suspended = by_key(
+        children.desired(make_job(text.replace("spec:\n", "spec:\n  suspend: true\n")), SETTINGS)
+    )
+    assert suspended[("Deployment", "solo-scorer-judge")]["spec"]["replicas"] == 0
+    plain = by_key(children.desired(make_job(text.split("spec:")[0]), SETTINGS))
+    assert not [k for k in plain if "scorer" in k[1]] and "scorer" not in children.roles(
+        make_job(text.split("spec:")[0])
+    )
+
+
 def test_coordinator_is_a_recreated_singleton_with_probes_and_the_tokens_file(make_job: Any) -> None:
     index = by_key(children.desired(make_job(), SETTINGS))
     dep = index[("Deployment", "demo-coordinator")]

@@ -139,7 +139,7 @@ def test_cel_rules_restate_the_model_validators() -> None:
         "must start with a letter and have at most 40 characters in a cluster",
         "model to train",
         "mode Colocated is local-only",
-        "pool names 'trainer' and 'coordinator' are reserved",
+        "pool names 'trainer' and 'coordinator', and names starting with 'scorer-', are reserved",
     ):
         assert expected in messages
     assert "self == oldSelf" in rules_of("EchoJob").values()

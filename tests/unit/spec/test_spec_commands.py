@@ -44,7 +44,9 @@ FACE_ONLY = {
     "coordinator": {
         "--job", "--tokens-file", "--host", "--port", "--heartbeat-interval", "--lease-timeout",
         "--metrics-auth", "--tls-cert", "--tls-key", "--tls-port",
+        "--reward-model",  # the scoring pools' addresses (compared by name below)
     },
+    "scorer": {"--job", "--host", "--port"},
     "worker": {"--job", "--coordinator", "--metrics", "--cache-dir"},
     # --report-to none: locally the runner reports to the trackers, in a pod the trainer does.
     "trainer": {"--job", "--coordinator", "--metrics-file", "--max-steps", "--cache-dir", "--resume", "--report-to"},
@@ -67,6 +69,11 @@ def _options(argv: list[str]) -> dict[str, str | None]:
             following = argv[i + 1] if i + 1 < len(argv) else None
             out[arg] = None if following is None or following.startswith("--") else following
     return out
+
+
+def _all(argv: list[str], flag: str) -> list[str]:
+    """Every value of a repeated ``flag``."""
+    return [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == flag]
 
 
 def _normalised(argv: list[str], echorl: tuple[str, ...]) -> tuple[bool, str, dict[str, str | None]]:
@@ -115,6 +122,18 @@ def _compare(path: Path, run_dir: Path) -> int:
         replicas = [argv for process, argv in on_machine.items() if process.rsplit("-", 1)[0] == pool_name]
         assert len(replicas) == (pool.replicas if pool.replicas is not None else 1), pool_name
         pairs += [(argv, in_pods[pod], pool_name, pool) for argv in replicas]
+    pools_named = {a.split("=", 1)[0] for a in _all(on_machine["coordinator"], "--reward-model")}
+    assert pools_named == {a.split("=", 1)[0] for a in _all(in_pods[f"{name}-coordinator"], "--reward-model")}
+    assert pools_named == {m.name for m in resolved.spec.reward_models}
+    for model in resolved.spec.reward_models:
+        local_scorers = [
+            argv for process, argv in on_machine.items() if process.startswith(f"scorer-{model.name}-")
+        ]
+        assert len(local_scorers) == model.replicas
+        pairs += [
+            (argv, in_pods[f"{name}-scorer-{model.name}"], f"scorer {model.name}", None)
+            for argv in local_scorers
+        ]
     for mine, theirs, what, pool in pairs:
         torchrun, command, options = _normalised(mine, local.PROGRAM.echorl)
         expected = _normalised(theirs, pods.PROGRAM.echorl)
