@@ -54,6 +54,11 @@ def run(job_path: Path, options: local.RunOptions, echo: Callable[[str], None] =
 def _run(job_path: Path, options: local.RunOptions, echo: Callable[[str], None]) -> dict[str, Any]:
     run = local.LocalRun(job_path, options, echo)
     if run.job.sync_policy.mode == "Colocated":  # one process samples and trains: see colocated.py
+        if run.job.spec.reward_models:
+            raise local.RunError(
+                "spec.rewardModels: a Colocated run has no coordinator to call the scoring pools; "
+                "use syncPolicy.mode Sequential or Async"
+            )
         from echo_runtime.runner import colocated  # torch, which only this mode needs in the runner
 
         run = colocated.ColocatedRun(job_path, options, echo)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from pathlib import Path
 
+import pytest
 import torch
 
 from echo_runtime import tasks
@@ -72,3 +74,16 @@ def test_a_hopeless_task_stops_after_the_round_limit_and_trains_on_what_it_has()
     batch = colocated.sample_filtered(backend, torch.nn.Linear(1, 1), stream, task, algorithm, 0, watch)
     assert backend.calls == colocated.MAX_SAMPLING_ROUNDS and len(batch.groups) == 2
     assert watch.filtered_groups == 2 * colocated.MAX_SAMPLING_ROUNDS
+
+
+def test_a_colocated_run_refuses_reward_models_it_could_not_call(tmp_path: Path) -> None:
+    from echo_runtime.runner import local, session
+
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        "apiVersion: echorl.dev/v1alpha1\nkind: EchoJob\nmetadata: {name: c}\n"
+        "spec:\n  syncPolicy: {mode: Colocated}\n  storage: {path: " + str(tmp_path / "store") + "}\n"
+        "  rewardModels: [{name: rm, type: Classifier, model: /nowhere}]\n"
+    )
+    with pytest.raises(local.RunError, match=r"spec.rewardModels: a Colocated run .* Sequential or Async"):
+        session.run(job, local.RunOptions(run_dir=tmp_path / "run", progress=False), echo=lambda _: None)
