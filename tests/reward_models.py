@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 PREFERRED = " !"
 
@@ -40,10 +41,17 @@ def build_classifier(base_dir: str, out: Path, steps: int = 80, seed: int = 0) -
         chosen = tokenizer([p + c for p, c, _ in batch], return_tensors="pt", padding=True)
         rejected = tokenizer([p + r for p, _, r in batch], return_tensors="pt", padding=True)
         margin = model(**chosen).logits[:, 0] - model(**rejected).logits[:, 0]
-        loss = -torch.nn.functional.logsigmoid(margin).mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+        _step(optimizer, -torch.nn.functional.logsigmoid(margin).mean())
+    return _save(model, tokenizer, out)
+
+
+def _step(optimizer: Any, loss: Any) -> None:
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+
+
+def _save(model: Any, tokenizer: Any, out: Path) -> Path:
     model.eval()
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
@@ -80,11 +88,5 @@ def build_judge(base_dir: str, out: Path, steps: int = 120, seed: int = 0) -> Pa
             ids = torch.tensor([context + answer])
             labels = torch.tensor([[-100] * len(context) + answer])
             loss = loss + model(input_ids=ids, labels=labels).loss / len(texts)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    model.eval()
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+        _step(optimizer, loss)
+    return _save(model, tokenizer, out)
