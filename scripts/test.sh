@@ -25,6 +25,6 @@ mypy
 mypy benchmarks/*.py  # the benchmark scripts subclass and call the runtime: keep them in step with it
 echo "[test] pytest"
 status=0
-python -m pytest "$@" || status=$?
+python -m pytest --durations=30 "$@" || status=$?  # the 30 slowest: where the suite's time goes
 echo "[test] finished in $((SECONDS - start)) s"
 exit $status
