@@ -347,12 +347,8 @@ def _draw_gaps(
     u = torch.tensor(uniforms, dtype=torch.float64)
     ids = torch.tensor(tokens, dtype=torch.long)
     out = torch.full((len(tokens),), math.nan, dtype=torch.float64)
-    step = max(1, DRAW_CHUNK_ELEMENTS // max(1, logits.shape[-1]))
-    for start in range(0, len(tokens), step):
-        probs = seeded.distribution(logits[start : start + step], temperature, top_p)
-        out[start : start + step] = seeded.violations(
-            probs, ids[start : start + step], u[start : start + step]
-        ).cpu()
+    for at, probs in _distributions(logits, torch.arange(len(tokens)), temperature, top_p):
+        out[at] = seeded.violations(probs, ids[at], u[at]).cpu()
     return out.nan_to_num(nan=0.0) if not torch.isnan(u).all() else None
 
 
@@ -372,14 +368,21 @@ def _surprises(
     )
     ids = torch.tensor([t for _, _, r in chunk for t in r.completion_ids], dtype=torch.long)
     out = torch.full((2, len(ids)), math.nan, dtype=torch.float64)
-    rows = keyless.nonzero().squeeze(-1)
-    step = max(1, DRAW_CHUNK_ELEMENTS // max(1, logits.shape[-1]))
-    for start in range(0, len(rows), step):
-        at = rows[start : start + step]
-        probs = seeded.distribution(logits[at.to(logits.device)], temperature, top_p)
+    for at, probs in _distributions(logits, keyless.nonzero().squeeze(-1), temperature, top_p):
         s, v = typical.surprise(probs, ids[at])
         out[0, at], out[1, at] = s.cpu(), v.cpu()
     return out
+
+
+def _distributions(
+    logits: torch.Tensor, rows: torch.Tensor, temperature: float, top_p: float
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """``(rows, their sampling distributions)`` in slices of at most :data:`DRAW_CHUNK_ELEMENTS`
+    probabilities, so a large vocabulary never holds a whole batch's worth of them at once."""
+    step = max(1, DRAW_CHUNK_ELEMENTS // max(1, logits.shape[-1]))
+    for start in range(0, len(rows), step):
+        at = rows[start : start + step]
+        yield at, seeded.distribution(logits[at.to(logits.device)], temperature, top_p)
 
 
 @dataclasses.dataclass
