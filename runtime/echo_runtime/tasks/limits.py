@@ -9,9 +9,11 @@ inside :func:`deadline`:
   and nests with a timer that is already armed — the coordinator's per-rollout alarm
   (:mod:`echo_runtime.coordinator.scoring`): whichever deadline is earlier fires; if it is the outer one,
   the section ends with :class:`Overrun` and the outer timer is re-armed to fire at once, so the outer
-  timeout is reported as its own; otherwise the outer timer gets back what is left of it. The libraries'
-  own timeouts are switched off: math-verify's ``signal.alarm`` would cancel the coordinator's timer, and
-  it raises in any thread but the main one.
+  timeout is reported as its own; otherwise the outer timer gets back what is left of it. Once due, it
+  rings every :data:`RETRY_SECONDS` until the section ends, since an exception raised inside a gc
+  callback or met by a bare ``except:`` is lost. The libraries' own timeouts are switched off:
+  math-verify's ``signal.alarm`` would cancel the coordinator's timer, and it raises in any thread but
+  the main one.
 * Off the main thread no signal can be used and the section runs unbounded. Echo's trust boundary is
   still covered: the coordinator re-scores what workers send in its scoring processes, in their main
   thread, and kills a process stuck in native code, where no signal handler runs (``int()`` of a
@@ -35,6 +37,10 @@ VERIFIER_SECONDS = 5.0
 """Time a library-backed verifier may spend on one completion (the coordinator allows 10 s per rollout)."""
 
 
+RETRY_SECONDS = 0.1
+"""After a deadline, how often it rings again until the section has ended (an Overrun can be lost)."""
+
+
 class Overrun(BaseException):
     """The section's time is up. A BaseException, so that a library's ``except Exception`` (math-verify
     and reasoning-gym have several) cannot swallow it."""
@@ -52,6 +58,9 @@ def deadline(seconds: float) -> Iterator[None]:
     mine = outer_left == 0.0 or seconds <= outer_left
 
     def ring(signum: int, frame: FrameType | None) -> None:
+        # Ring again soon, in case this Overrun is swallowed: raised in a gc callback or a __del__ it is
+        # only printed, and a library may hold a bare ``except:``.
+        signal.setitimer(signal.ITIMER_REAL, RETRY_SECONDS)
         raise Overrun()
 
     signal.signal(signal.SIGALRM, ring)
@@ -59,12 +68,17 @@ def deadline(seconds: float) -> Iterator[None]:
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, outer_handler if outer_handler is not None else signal.SIG_DFL)
-        if outer_left > 0.0:
-            # An outer deadline that passed meanwhile fires as soon as possible, in the outer code.
-            left = outer_left - (time.monotonic() - start)
-            signal.setitimer(signal.ITIMER_REAL, max(left, 1e-6), outer_interval)
+        while True:  # a last Overrun may land in the middle of this; then do it again
+            try:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, outer_handler if outer_handler is not None else signal.SIG_DFL)
+                if outer_left > 0.0:
+                    # An outer deadline that passed meanwhile fires as soon as possible, in the outer code.
+                    left = outer_left - (time.monotonic() - start)
+                    signal.setitimer(signal.ITIMER_REAL, max(left, 1e-6), outer_interval)
+                break
+            except Overrun:
+                continue
 
 
 def require(module: str, extra: str, user: str) -> ModuleType:

@@ -8,7 +8,8 @@ the installed distributions — a plugin declares ``[project.entry-points."echor
 ValueError that names the task and says what is allowed: an unknown name lists the built-ins and the
 installed plugins, an unknown option lists the task's options, a bad value says the allowed range.
 :func:`from_spec` builds the task of a job's ``spec.task`` (the ``dataset`` task takes
-``spec.task.dataset``).
+``spec.task.dataset``). ``reasoning_gym`` (:mod:`.reasoning_gym`) needs the optional ``reasoning-gym``
+extra, imported only when the task is built.
 
 :func:`corpus` is text from every built-in task (prompts and reference completions), for training the
 tiny demo model's tokenizer on exactly the characters and words the tasks use.
@@ -23,7 +24,7 @@ import itertools
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
-from echo_runtime.tasks import arithmetic, base, dataset, knights_knaves, mathwords, sokoban
+from echo_runtime.tasks import arithmetic, base, dataset, knights_knaves, mathwords, reasoning_gym, sokoban
 
 if TYPE_CHECKING:
     from echo_runtime.spec.policy import Task as TaskSpec
@@ -37,6 +38,7 @@ _BUILTINS: dict[str, Callable[..., base.Task]] = {
     "sokoban": sokoban.Sokoban,
     "math": mathwords.MathWords,
     "dataset": dataset.DatasetTask,
+    "reasoning_gym": reasoning_gym.ReasoningGym,
 }
 BUILTIN_TASKS: tuple[str, ...] = tuple(_BUILTINS)
 

@@ -22,6 +22,8 @@ SETTINGS: list[tuple[str, dict[str, object]]] = [
     ("sokoban", {}),
     ("sokoban", {"width": 7, "height": 6, "boxes": 1}),
     ("math", {}),
+    ("reasoning_gym", {"dataset": "leg_counting"}),
+    ("reasoning_gym", {"dataset": "basic_arithmetic", "config": {"min_terms": 3, "seed": 5}}),
 ]
 IDS = [f"{name}-{'-'.join(f'{k}={v}' for k, v in opts.items()) or 'default'}" for name, opts in SETTINGS]
 
@@ -97,9 +99,12 @@ def test_score_never_raises_and_stays_in_range(name: str, completion: str) -> No
 
 
 def contract_task(name: str) -> base.Task:
-    """The built-in task ``name`` with default options; the dataset task on the example data file."""
+    """The built-in task ``name`` with default options; the dataset task on the example data file, and
+    reasoning_gym on one of its datasets."""
     if name == "dataset":
         return tasks.get_task(name, {"path": str(EXAMPLE_DATA), "checker": "Numeric"})
+    if name == "reasoning_gym":
+        return tasks.get_task(name, {"dataset": "leg_counting"})
     return tasks.get_task(name)
 
 

@@ -12,13 +12,21 @@ from echo_runtime.tasks import arithmetic, knights_knaves, mathwords, sokoban
 
 
 def test_builtins_by_name() -> None:
-    assert tasks.BUILTIN_TASKS == ("arithmetic", "knights_knaves", "sokoban", "math", "dataset")
+    assert tasks.BUILTIN_TASKS == (
+        "arithmetic",
+        "knights_knaves",
+        "sokoban",
+        "math",
+        "dataset",
+        "reasoning_gym",
+    )
     assert isinstance(tasks.get_task("arithmetic"), arithmetic.Arithmetic)
     assert isinstance(tasks.get_task("knights_knaves"), knights_knaves.KnightsKnaves)
     assert isinstance(tasks.get_task("sokoban"), sokoban.Sokoban)
     assert isinstance(tasks.get_task("math"), mathwords.MathWords)
     for name in tasks.BUILTIN_TASKS:
-        if name != "dataset":  # it needs a file: tests/unit/tasks/test_tasks_dataset.py
+        # dataset needs a file (test_tasks_dataset.py), reasoning_gym a dataset (test_tasks_reasoning_gym.py)
+        if name not in ("dataset", "reasoning_gym"):
             assert tasks.get_task(name).name == name
     with pytest.raises(ValueError, match=r"spec\.task\.dataset: path: Field required"):
         tasks.get_task("dataset")
