@@ -32,7 +32,11 @@ RUN python3 -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.tom
 COPY README.md ./
 COPY runtime runtime
 COPY operator operator
+# EXTRAS: optional extras to add, e.g. `--build-arg EXTRAS=reasoning-gym,math-verify` for the task
+# libraries (this image also runs the coordinator, which scores, and the scoring pools).
+ARG EXTRAS=
 RUN pip install --index-url "$PIP_INDEX_URL" --no-deps --no-build-isolation . \
+ && if [ -n "$EXTRAS" ]; then pip install --index-url "$PIP_INDEX_URL" --no-build-isolation ".[$EXTRAS]"; fi \
  && echorl --help >/dev/null \
  && python -c "import torch, transformers, mlx.core" \
  && rm -rf /src
