@@ -1,21 +1,23 @@
 """Preference alignment with a reward model on the real model: a style the base model does not have yet.
 
-The preference: answers to "What is a + b?" that end with an exclamation mark ("17 + 25 = 42!"), over
-the same answers ending otherwise. SmolLM2-135M-Instruct writes "12 + 5 = 17." and almost never "!".
+The preference: answers to "What is a + b?" that state the sum in words ("12 + 5 equals 17."), over the
+same answers with "=" ("12 + 5 = 17."). SmolLM2-135M-Instruct writes mostly "=".
 
-1. **The reward model**, fine-tuned here: SmolLM2-135M with a sequence-classification head, trained on
-   synthetic preference pairs with the Bradley–Terry loss (``-log σ(r_chosen − r_rejected)``, as TRL's
-   RewardTrainer), the texts rendered through the chat template exactly as ``echorl scorer`` renders
-   them; its accuracy on held-out pairs is reported.
+1. **The reward model**, fine-tuned here: SmolLM2-135M with a sequence-classification head, trained with
+   the Bradley–Terry loss (``-log σ(r_chosen − r_rejected)``, as TRL's RewardTrainer) on pairs of the
+   base model's own sampled completions: each with "=" (rejected) and with "equals" (chosen), the
+   texts rendered through the chat template exactly as ``echorl scorer`` renders them; its accuracy on
+   held-out pairs (other samples) is reported.
 2. **The run**: ``echorl run examples/reward-model.yaml`` — LoRA GRPO on the addition data, the reward
    the mean of the exact checker's and the reward model's (weights 1 and 1), the model served by a
    scoring pool of the run's own.
 3. **What changed**: from the run's records, per version, the reward model's mean reward over the
-   sampled batch and the share of the sampled completions (the trainer's tables of samples, 8 a
-   version) that end with "!"; the evaluator's held-out accuracy (the exact checker's), before and after.
+   sampled batch (32 completions) and, among the completions of the trainer's sample tables that state
+   a sum, the share that say "equals"; the evaluator's held-out accuracy (the exact checker's), before
+   and after.
 
-    python benchmarks/reward_model.py --build-only     # the reward model only (~2 min on 2 cores)
-    python benchmarks/reward_model.py                  # build, run (~15 min on 2 cores), report
+    python benchmarks/reward_model.py --build-only     # the reward model only (~6 min on 2 cores)
+    python benchmarks/reward_model.py                  # build, run (~13 min on 2 cores), report
 
 Writes ``benchmarks/results/reward-model.json``.
 """
@@ -34,22 +36,61 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "runtime"))
-MODEL_DIR = REPO / "runs" / "reward-models" / "excited"
+MODEL_DIR = REPO / "runs" / "reward-models" / "worded"
 """Where the example manifest expects the reward model (``examples/reward-model.yaml``)."""
 INSTRUCTION = "Answer with the number only."
 
 
-def pairs(n: int, seed: int) -> list[tuple[str, str, str]]:
-    """(prompt, chosen, rejected): one answer in one of a few styles, ending with "!" or not."""
+def sampled(n: int, seed: int) -> list[tuple[str, str]]:
+    """``n`` (prompt, completion) pairs sampled from the base model as the job's workers sample them
+    (its chat template, temperature 1, 16 new tokens), for prompts "What is a + b?"."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from echo_runtime.models.resolve import resolve_model
+
+    base = resolve_model("echorl:smollm2-135m")
+    tokenizer = AutoTokenizer.from_pretrained(base, padding_side="left")
+    model: Any = AutoModelForCausalLM.from_pretrained(base)
+    model.eval()
     rng = random.Random(seed)
+    torch.manual_seed(seed)
+    prompts = [f"What is {rng.randint(1, 19)} + {rng.randint(1, 19)}?\n{INSTRUCTION}" for _ in range(n)]
     out = []
-    for _ in range(n):
-        a, b = rng.randint(1, 19), rng.randint(1, 19)
-        s = a + b if rng.random() < 0.7 else rng.randint(2, 38)
-        body = rng.choice([f"{s}", f"{a} + {b} = {s}", f"The answer is {s}", f"{a} + {b} equals {s}"])
-        plain = rng.choice(["", ".", ". ", " :)"])
-        out.append((f"What is {a} + {b}?\n{INSTRUCTION}", body + "!", body + plain))
+    for start in range(0, n, 16):
+        chunk = prompts[start : start + 16]
+        texts = [
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
+            )
+            for p in chunk
+        ]
+        encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.no_grad():
+            ids = model.generate(**encoded, do_sample=True, temperature=1.0, max_new_tokens=16)
+        completions = tokenizer.batch_decode(
+            ids[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True
+        )
+        out += list(zip(chunk, completions, strict=True))
     return out
+
+
+def worded(completion: str) -> str:
+    """The completion saying "equals" where it wrote "=" (the preferred style)."""
+    return completion.replace(" = ", " equals ")
+
+
+def symbolic(completion: str) -> str:
+    """The completion writing "=" where it said "equals" (the style the reward model is taught against)."""
+    return completion.replace(" equals ", " = ")
+
+
+def pairs(samples: list[tuple[str, str]]) -> list[tuple[str, str, str]]:
+    """(prompt, chosen, rejected): the model's own completion in both styles, "equals" preferred — only
+    completions that state the sum one way or the other. Pairs from the policy's own distribution: a
+    first try with made-up answers taught a reward model that scored the policy's rambling higher
+    instead (docs/rewards.md)."""
+    return [(p, worded(c), symbolic(c)) for p, c in samples if worded(c) != symbolic(c)]
 
 
 def build(out: Path, steps: int, seed: int = 0) -> dict[str, Any]:
@@ -71,7 +112,14 @@ def build(out: Path, steps: int, seed: int = 0) -> dict[str, Any]:
         rendered = [tokenizer.apply_chat_template(conversation(p, c), tokenize=False) for p, c in items]
         return tokenizer(rendered, return_tensors="pt", padding=True)
 
-    data, began = pairs(steps * 8, seed), time.perf_counter()
+    began = time.perf_counter()
+    drawn = sampled(steps * 16 + 300, seed)
+    print(
+        f"sampled {len(drawn)} completions of the base model in {time.perf_counter() - began:.0f} s",
+        flush=True,
+    )
+    data, held = pairs(drawn[: steps * 16]), pairs(drawn[steps * 16 :])
+    steps = len(data) // 8  # a completion that states no sum makes no pair
     model.train()
     losses = []
     for step in range(steps):
@@ -82,13 +130,12 @@ def build(out: Path, steps: int, seed: int = 0) -> dict[str, Any]:
         )
         loss = -torch.nn.functional.logsigmoid(margin).mean()
         optimizer.zero_grad()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()
-        losses.append(float(loss))
-        if step % 20 == 0:
+        losses.append(loss.item())
+        if step % 5 == 0:
             print(f"reward model step {step}/{steps}: loss {loss.item():.3f}", flush=True)
     model.eval()
-    held = pairs(200, seed + 1)
     with torch.no_grad():
         chosen = model(**texts([(p, c) for p, c, _ in held])).logits[:, 0]
         rejected = model(**texts([(p, r) for p, _, r in held])).logits[:, 0]
@@ -107,31 +154,36 @@ def build(out: Path, steps: int, seed: int = 0) -> dict[str, Any]:
 
 
 def report(run_dir: Path) -> dict[str, Any]:
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    records = [
+        json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()
+    ]
     steps = [r for r in records if r.get("kind") == "trainer"]
     evals = sorted((r for r in records if r.get("kind") == "eval"), key=lambda r: r["policyVersion"])
     per_version = [
         {
             "policyVersion": r["policyVersion"],
-            "rewardModel": r.get("rewardComponents", {}).get("excited"),
+            "rewardModel": r.get("rewardComponents", {}).get("worded"),
             "checker": r.get("rewardComponents", {}).get("task"),
-            "exclaimed": sum(s["completion"].rstrip().endswith("!") for s in r.get("samples", []))
-            / max(1, len(r.get("samples", []))),
+            "worded": _share([s["completion"] for s in r.get("samples", [])]),
         }
         for r in steps
     ]
     first, last = per_version[:4], per_version[-4:]
 
-    def mean(rows: list[dict[str, Any]], key: str) -> float:
-        return statistics.mean(float(r[key]) for r in rows if r[key] is not None)
+    def mean(rows: list[dict[str, Any]], key: str) -> float | None:
+        values = [float(r[key]) for r in rows if r[key] is not None]
+        return statistics.mean(values) if values else None
 
     summary = json.loads((run_dir / "summary.json").read_text())
     return {
         "perVersion": per_version,
         "rewardModelFirst4": mean(first, "rewardModel"),
         "rewardModelLast4": mean(last, "rewardModel"),
-        "exclaimedFirst4": mean(first, "exclaimed"),
-        "exclaimedLast4": mean(last, "exclaimed"),
+        "wordedFirst4": mean(first, "worded"),
+        "wordedLast4": mean(last, "worded"),
+        "evalExamplesWorded": {
+            e["policyVersion"]: _share([x[1] for x in e.get("examples", [])]) for e in evals
+        },
         "heldoutAccuracyBefore": evals[0]["heldoutAccuracy"] if evals else None,
         "heldoutAccuracyAfter": evals[-1]["heldoutAccuracy"] if evals else None,
         "heldoutVersions": [e["policyVersion"] for e in evals],
@@ -140,10 +192,18 @@ def report(run_dir: Path) -> dict[str, Any]:
     }
 
 
+def _share(completions: list[str]) -> float | None:
+    """Of the completions that state a sum with "=" or "equals", the share that say "equals"."""
+    stated = [c for c in completions if " = " in c or " equals " in c]
+    return sum(" equals " in c for c in stated) / len(stated) if stated else None
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--build-only", action="store_true", help="Fine-tune the reward model and stop.")
-    parser.add_argument("--steps", type=int, default=100, help="Reward-model training steps (8 pairs each).")
+    parser.add_argument("--steps", type=int, default=30, help="Reward-model training steps (8 pairs each).")
     parser.add_argument("--run-dir", type=Path, default=REPO / "runs" / "reward-model")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "reward-model.json")
     args = parser.parse_args()
@@ -164,8 +224,8 @@ def main() -> None:
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     run = result["run"]
     print(
-        f"reward model's reward {run['rewardModelFirst4']:.3f} -> {run['rewardModelLast4']:.3f}; "
-        f"completions ending with '!' {run['exclaimedFirst4']:.2f} -> {run['exclaimedLast4']:.2f} "
+        f"reward model's reward {run['rewardModelFirst4']} -> {run['rewardModelLast4']}; "
+        f"sampled sums stated with 'equals' {run['wordedFirst4']} -> {run['wordedLast4']} "
         f"(first vs last 4 versions); held-out accuracy {run['heldoutAccuracyBefore']} -> {run['heldoutAccuracyAfter']}"
     )
 
