@@ -1,7 +1,7 @@
 """``echorl run`` with a reward model: a scoring pool of the run's own (``echorl scorer``) serving a
-classifier fine-tuned here, killed for real mid-run. The run completes, every step's reward is the
-weighted mean of the verifier's and the model's as the coordinator combined them, and the scorer's
-restart is counted."""
+classifier fine-tuned here, frozen mid-run until the coordinator refuses a submission for want of its
+reward, then killed for real. The run completes, every step's reward is the weighted mean of the
+verifier's and the model's as the coordinator combined them, and the scorer's restart is counted."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ spec:
   storage: {{path: {store}}}
   syncPolicy: {{mode: Sequential, maxStaleness: 0}}
   rewardModels:
-  - {{name: bang, type: Classifier, model: {model}, threads: 1}}
+  - {{name: bang, type: Classifier, model: {model}, threads: 1, timeoutSeconds: 2}}
 """
 
 
@@ -55,7 +55,15 @@ def test_a_run_with_a_reward_model_whose_scorer_is_killed(
             assert time.monotonic() < deadline, "no step within 300 s"
             time.sleep(0.3)
         (pid,) = _scorer_pids(run_dir)
-        os.kill(pid, signal.SIGKILL)  # the runner restarts it; meanwhile submissions get 503 and are retried
+        # Frozen first, so that the coordinator's calls time out (after timeoutSeconds) and submissions
+        # are refused with 503 for as long as it takes to see that happen; then killed for real, and
+        # the runner restarts it.
+        os.kill(pid, signal.SIGSTOP)
+        coordinator_log = run_dir / "logs" / "coordinator.log"
+        while "its scoring pool did not answer" not in coordinator_log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline + 120, "no submission was refused"
+            time.sleep(0.3)
+        os.kill(pid, signal.SIGKILL)
         output, _ = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:  # SIGTERM: the runner stops its children, as after Ctrl-C
@@ -76,5 +84,3 @@ def test_a_run_with_a_reward_model_whose_scorer_is_killed(
         # Weights 1 and 1: the reward trained on is the mean of the verifier's and the model's.
         assert record["rewardMean"] == pytest.approx((parts["task"] + parts["bang"]) / 2, abs=1e-9)
     assert not _scorer_pids(run_dir), "a scorer outlived the run"
-    # While it was down (restart delay + loading the model, seconds) submissions were refused and retried.
-    assert "its scoring pool did not answer" in (run_dir / "logs" / "coordinator.log").read_text()
