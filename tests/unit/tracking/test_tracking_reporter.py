@@ -4,7 +4,6 @@ other trackers and the caller go on. Fake trackers here; the real ones in tests/
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -148,10 +147,9 @@ def test_logging_never_blocks_on_a_slow_tracker_and_close_gives_up_after_its_tim
 
     slow = Slow("slow")
     made, warnings = make(slow)
-    began = time.monotonic()
     for v in range(1, 201):
-        made.log(trainer(v))
-    assert time.monotonic() - began < 5.0  # log() only queues
+        made.log(trainer(v))  # returns although the tracker is stuck on the first record: log() only queues
+    assert slow.points == [] and made._queue.qsize() >= 199
     made.close(timeout_s=0.5)
     assert any("still writing" in w for w in warnings)
     release.set()
