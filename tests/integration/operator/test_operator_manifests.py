@@ -95,7 +95,15 @@ INVALID = {
     "duplicate pool names": ("  inferenceSwarms: [{name: a}, {name: a}]", "Duplicate value"),
     "reserved pool name": (
         "  inferenceSwarms: [{name: trainer}]",
-        "pool names 'trainer' and 'coordinator' are reserved",
+        "pool names 'trainer' and 'coordinator', and names starting with 'scorer-', are reserved",
+    ),
+    "pool named like a scoring pool": (
+        "  inferenceSwarms: [{name: scorer-judge}]",
+        "names starting with 'scorer-', are reserved",
+    ),
+    "judge without a rubric": (
+        "  rewardModels: [{name: j, type: Judge, model: m}]",
+        "a Judge needs a rubric containing {prompt} and {completion}",
     ),
     "vllm on cpu": (
         "  inferenceSwarms: [{name: a, backend: vllm, device: cpu}]",
