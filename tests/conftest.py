@@ -47,6 +47,12 @@ from services import procs
 from services.kube import KubeApiServer, start_kube_apiserver
 from services.minio import MinioBucket, MinioServer, bucket_name, empty_and_remove_bucket, start_minio
 
+# Containment: the tracker libraries phone home unless told not to (MLflow's usage telemetry, W&B's
+# Sentry error reports). Nothing a test starts may try an address outside loopback: every process of
+# the session, and every child, inherits these.
+TRACKER_QUIET = {"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true", "WANDB_ERROR_REPORTING": "false"}
+os.environ.update(TRACKER_QUIET)
+
 REPO_ROOT = procs.REPO_ROOT
 CRDS_DIR = REPO_ROOT / "crds"
 SERVICE_FIXTURES = frozenset(

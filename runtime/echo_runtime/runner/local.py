@@ -138,6 +138,8 @@ class LocalRun:
         self.t0 = time.time()
         self.elapsed_before = 0.0
         self._offsets: dict[Path, int] = {}
+        self.scorer_ports: dict[str, int] = {}
+        """Each scoring process's port, picked by :meth:`start`."""
         self._workers_reported: int | None = None
         self._worker_last: dict[str, dict[str, Any]] = {}
         self.restarts = restarts.Restarts()

@@ -17,6 +17,10 @@ import pytest
 
 import tracker_files
 
+DESTINATIONS = {"MLFLOW_TRACKING_URI", "WANDB_MODE", "WANDB_API_KEY", "WANDB_DIR", "TRACKIO_DIR"}
+"""Where the trackers would write, if the caller's environment said: left out, so they write to the
+run's own directory (the telemetry switches of tests/conftest.py stay)."""
+
 JOB = """apiVersion: echorl.dev/v1alpha1
 kind: EchoJob
 metadata: {{name: tracked}}
@@ -31,7 +35,7 @@ spec:
 
 
 def _echorl(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "WANDB_", "TRACKIO_"))}
+    env = {k: v for k, v in os.environ.items() if k not in DESTINATIONS}
     return subprocess.run(
         [sys.executable, "-m", "echo_runtime.cli", *args],
         cwd=cwd, capture_output=True, text=True, timeout=600, env={**env, "PYTHONUNBUFFERED": "1"},

@@ -18,6 +18,10 @@ import pytest
 
 import tracker_files
 
+DESTINATIONS = {"MLFLOW_TRACKING_URI", "WANDB_MODE", "WANDB_API_KEY", "WANDB_DIR", "TRACKIO_DIR"}
+"""Where the trackers would write, if the caller's environment said: left out, so they write to the
+run's own directory (the telemetry switches of tests/conftest.py stay)."""
+
 T0 = 1_790_000_000.0
 WRITE = """
 import json, sys
@@ -69,7 +73,7 @@ def records() -> list[dict[str, Any]]:
 def write(tmp_path: Path, names: str, env: dict[str, str] | None = None) -> dict[str, Any]:
     path = tmp_path / "records.json"
     path.write_text(json.dumps(records()))
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "WANDB_", "TRACKIO_"))}
+    clean = {k: v for k, v in os.environ.items() if k not in DESTINATIONS}
     done = subprocess.run(
         [sys.executable, "-c", WRITE, names, str(tmp_path / "tracking"), str(path), repr(T0)],
         env={**clean, **(env or {})}, capture_output=True, text=True, timeout=300, check=False,
