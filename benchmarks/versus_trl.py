@@ -23,7 +23,9 @@ memory (judged on proportional set sizes, and reported on resident sets too), Ec
   problems Echo's evaluator scores, with Echo's own :func:`echo_runtime.models.warmup.evaluate`, and so is
   the base model (adapter disabled; it must match Echo's version-0 accuracy, a check of the two paths).
 
-never at the same time (``--order`` picks which goes first), with the same number of cores: Echo divides
+never at the same time (``--order`` picks which goes first), with the same number of cores and, by
+default, the same allocator: TRL's process gets what ``echorl run`` gives its own (jemalloc when the
+machine has it; ``--trl-malloc system`` runs TRL on the C library's, as it ships), with the same number of cores: Echo divides
 ``--cores`` among its processes, TRL's one process gets that many torch threads. The job's manifest is
 copied into ``--work-dir`` under the name ``versus-trl`` with its snapshot store there, so ``--fresh``
 never touches another run of the same job.
@@ -153,9 +155,18 @@ def write_job(source: Path, work: Path) -> Path:
     return path
 
 
-def trl_env(trl_path: Path, cores: int) -> dict[str, str]:
-    """The environment of the TRL process: TRL first on ``PYTHONPATH``, ``cores`` threads, offline."""
+def trl_env(trl_path: Path, cores: int, malloc: str = "system") -> dict[str, str]:
+    """The environment of the TRL process: TRL first on ``PYTHONPATH``, ``cores`` threads, offline.
+
+    ``malloc`` ``echo``: the allocator ``echorl run`` gives its own processes (jemalloc when the machine
+    has it, :mod:`echo_runtime.runner.allocator`), so the two sides are measured on the same one;
+    ``system``: the C library's, TRL as it ships.
+    """
+    from echo_runtime.runner import allocator
+
     env = dict(os.environ)
+    if malloc == "echo":
+        env.update(allocator.child_env(env))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(trl_path), env.get("PYTHONPATH", "")) if p)
     for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         env[key] = str(cores)
@@ -202,6 +213,9 @@ def run_echo(job: Path, work: Path, steps: int, seed: int, cores: int) -> dict[s
         raise SystemExit(f"echo run failed (exit code {done.returncode}); the end of {log}:\n{tail}")
     summary: dict[str, Any] = json.loads((run_dir / "summary.json").read_text())
     measured = summary.get("memory") or {}
+    from echo_runtime.runner import allocator
+
+    measured_allocator = allocator.describe(allocator.child_env(env))
     if not measured.get("measured"):
         raise SystemExit(f"echo run: memory was not measured ({measured.get('reason')})")
     peaks: dict[str, float] = measured["peakRssMiB"]
@@ -214,6 +228,7 @@ def run_echo(job: Path, work: Path, steps: int, seed: int, cores: int) -> dict[s
     return {
         "command": cmd[1:],
         "runDir": str(run_dir),
+        "allocator": measured_allocator,
         "peakRssMiB": peaks,
         "peakTotalRssMiB": measured["peakTotalRssMiB"],
         "peakTotalPssMiB": measured.get("peakTotalPssMiB"),
@@ -239,7 +254,14 @@ def run_echo(job: Path, work: Path, steps: int, seed: int, cores: int) -> dict[s
 
 # ---------------------------------------------------------------------------------------------- TRL side
 def run_trl(
-    job: Path, work: Path, steps: int, seed: int, cores: int, trl_path: Path, micro_batch: int | None
+    job: Path,
+    work: Path,
+    steps: int,
+    seed: int,
+    cores: int,
+    trl_path: Path,
+    micro_batch: int | None,
+    malloc: str = "system",
 ) -> dict[str, Any]:
     out = work / "trl.json"
     log = work / "trl.log"
@@ -255,13 +277,21 @@ def run_trl(
     launched = time.time()
     with log.open("w") as f:
         done = subprocess.run(
-            cmd, cwd=ROOT, env=trl_env(trl_path, cores), stdout=f, stderr=subprocess.STDOUT, check=False
+            cmd,
+            cwd=ROOT,
+            env=trl_env(trl_path, cores, malloc),
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            check=False,
         )
     if done.returncode != 0 or not out.is_file():
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
         raise SystemExit(f"TRL run failed (exit code {done.returncode}); the end of {log}:\n{tail}")
     result: dict[str, Any] = json.loads(out.read_text())
     result["commandSeconds"] = round(time.time() - launched, 2)
+    from echo_runtime.runner import allocator
+
+    result["allocator"] = allocator.describe(trl_env(trl_path, cores, malloc))
     return result
 
 
@@ -558,6 +588,11 @@ def main() -> int:
         "--trl-micro-batch", type=int, default=None,
         help="TRL's per_device_train_batch_size (default: the job's microBatchSize; groupSize·batchSize: no accumulation)",
     )  # fmt: skip
+    parser.add_argument(
+        "--trl-malloc", choices=("echo", "system"), default="echo",
+        help="TRL's allocator: 'echo', the one echorl run gives its processes (jemalloc when installed; "
+        "the default, so both sides are measured on the same allocator), or 'system', TRL as it ships",
+    )  # fmt: skip
     parser.add_argument("--work-dir", type=Path, default=ROOT / "runs" / "versus-trl")
     parser.add_argument("--out", type=Path, default=RESULTS / "versus-trl.json")
     parser.add_argument("--child-trl", default=None, help=argparse.SUPPRESS)
@@ -585,7 +620,9 @@ def main() -> int:
     job = write_job(source, work)
     sides: dict[str, Callable[[], dict[str, Any]]] = {
         "echo": lambda: run_echo(job, work, steps, opts.seed, opts.cores),
-        "trl": lambda: run_trl(job, work, steps, opts.seed, opts.cores, trl_path, opts.trl_micro_batch),
+        "trl": lambda: run_trl(
+            job, work, steps, opts.seed, opts.cores, trl_path, opts.trl_micro_batch, opts.trl_malloc
+        ),
     }
     order = ["echo", "trl"] if opts.order == "echo-first" else ["trl", "echo"]
     results = {name: sides[name]() for name in order}  # one after the other, never at once
@@ -601,6 +638,7 @@ def main() -> int:
         "seed": opts.seed,
         "order": opts.order,
         "cores": opts.cores,
+        "trlMalloc": opts.trl_malloc,
         "machine": {
             "cpus": os.cpu_count(),
             "platform": platform.platform(),

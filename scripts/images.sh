@@ -27,7 +27,7 @@ REPO=$PWD
 # --- the recipe ------------------------------------------------------------------------------
 SUITE="${ECHORL_DEBIAN_SUITE:-bookworm}"                     # Python 3.11, like the project
 MIRROR="${ECHORL_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
-BASE_PACKAGES="python3,python3-venv,ca-certificates"
+BASE_PACKAGES="python3,python3-venv,ca-certificates,libjemalloc2"
 INDEX_PORT=3141   # fixed: the index URL is a build argument, part of every layer's cache key
 RECIPE=1          # bump when this script's recipe changes, so images rebuild
 IMAGES=(operator worker-cpu trainer)                        # images/<name>.Dockerfile

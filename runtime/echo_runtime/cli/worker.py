@@ -91,6 +91,9 @@ def worker(
         stream=sys.stderr,
     )
     logging.getLogger("httpx").setLevel(logging.DEBUG if verbose else logging.WARNING)  # one line per request
+    from echo_runtime.runner import allocator
+
+    logging.getLogger("echo_runtime.worker").info("memory allocator: %s", allocator.in_use())
     from echo_runtime import backends, snapshots
     from echo_runtime.coordinator import client as coord
     from echo_runtime.coordinator import tls

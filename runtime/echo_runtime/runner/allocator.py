@@ -53,6 +53,21 @@ def child_env(environ: Mapping[str, str], candidates: Iterable[str] = JEMALLOC) 
     return out
 
 
+def in_use(maps: str | Path = "/proc/self/maps") -> str:
+    """The allocator this process runs on, from the libraries it has mapped: ``jemalloc (<path>)`` or
+    ``the C library's malloc``. The trainer and the worker log it at start: in a container that is how
+    one sees what an image's ``LD_PRELOAD`` gave them (``images/README.md``)."""
+    try:
+        text = Path(maps).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "unknown (no /proc)"
+    for line in text.splitlines():
+        path = line.split(maxsplit=5)[5] if len(line.split(maxsplit=5)) == 6 else ""
+        if "libjemalloc" in Path(path).name:
+            return f"jemalloc ({path})"
+    return "the C library's malloc"
+
+
 def describe(env: Mapping[str, str]) -> str:
     """One phrase for the run's banner."""
     return f"jemalloc ({env['LD_PRELOAD']})" if env.get("LD_PRELOAD") else "the C library's malloc"
