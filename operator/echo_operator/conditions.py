@@ -91,7 +91,7 @@ def merge(
     return out
 
 
-_ENDED_WELL = frozenset({"JobSucceeded", "Completed"})
+_ENDED_WELL = frozenset({"JobSucceeded", "Completed", "TrainerFinished"})
 """Reasons of a not-Ready, not-Progressing job that is simply done."""
 
 

@@ -45,6 +45,8 @@ class JobMemory:
     """Why the store could not issue read-only credentials (asked once per operator run)."""
     doc: wire.StatusDocument | None = None
     doc_error: str | None = None
+    doc_error_since: float | None = None
+    """When (monotonic) the coordinator's status started failing to read, on consecutive tries."""
     behind_since: dict[str, float] = dataclasses.field(default_factory=dict)
     behind: dict[str, pool_lag.PoolLag] = dataclasses.field(default_factory=dict)
     """Pools that cannot keep up, as of the last status pass."""

@@ -103,14 +103,34 @@ def pod_sets(job: inputs.JobInput, settings: Settings) -> list[Object]:
     return out
 
 
+SUSPENDED_MARK = "echorl.dev/deactivated-for-suspend"
+"""On a Workload the operator deactivated because the EchoJob's ``spec.suspend`` is true: the only
+deactivation the operator undoes. One made by Kueue (``waitForPodsReady``'s requeue limit) or an admin
+(``kueuectl stop workload``) stays until they reactivate it."""
+
+
+def deactivated_by_others(stored: Mapping[str, Any] | None) -> bool:
+    """Whether ``stored`` is inactive, and not because the operator suspended it."""
+    if stored is None or (stored.get("spec") or {}).get("active") is not False:
+        return False
+    return SUSPENDED_MARK not in ((stored.get("metadata") or {}).get("annotations") or {})
+
+
 def workload(
-    job: inputs.JobInput, settings: Settings, queue: str, priority: tuple[str, int] | None
+    job: inputs.JobInput,
+    settings: Settings,
+    queue: str,
+    priority: tuple[str, int] | None,
+    stored: Mapping[str, Any] | None = None,
 ) -> Object:
-    """The Workload the operator applies for ``job`` (``priority``: the class's name and value)."""
+    """The Workload the operator applies for ``job`` (``priority``: the class's name and value). It is
+    active unless the job is suspended, or ``stored`` (the Workload as it is) was deactivated by
+    Kueue or an admin: the operator never reactivates what it did not deactivate."""
+    suspend = bool(job.spec.suspend)
     spec: Object = {
         "queueName": queue,
         "podSets": pod_sets(job, settings),
-        "active": not job.spec.suspend,
+        "active": not suspend and not deactivated_by_others(stored),
     }
     if priority is not None:
         name, value = priority
@@ -123,6 +143,7 @@ def workload(
             "name": names.workload(job.name),
             "namespace": job.namespace,
             "labels": {names.JOB: job.name},
+            **({"annotations": {SUSPENDED_MARK: "true"}} if suspend else {}),
             "ownerReferences": [pods.owner_reference(job)],
         },
         "spec": spec,
@@ -196,6 +217,15 @@ def hold(wl: Mapping[str, Any] | None, queue: str, workload_name: str) -> inputs
     if admitted(wl) or finished(wl):
         return None
     conds = _conditions(wl)
+    if deactivated_by_others(wl):
+        ev = conds.get("Evicted") or {}
+        why = f" ({ev.get('reason', '?')}: {ev.get('message', '')})" if ev.get("status") == "True" else ""
+        return inputs.Hold(
+            "WorkloadDeactivated",
+            f"Workload {workload_name} was deactivated by Kueue or an admin{why}; every process stays scaled "
+            f"to zero until it is active again (kueuectl resume workload {workload_name}, or set its "
+            "spec.active to true)",
+        )
     if _true(conds, "Evicted"):
         ev = conds["Evicted"]
         return inputs.Hold(
@@ -302,7 +332,7 @@ def admit(
             done = with_finished(stored, outcome, f"the EchoJob {outcome.lower()}", events.now_rfc3339())
             kube.replace_status(API, "Workload", job.namespace, name, done)
         return None
-    wanted = workload(job, ctx.settings, queue, _priority(ctx, body))
+    wanted = workload(job, ctx.settings, queue, _priority(ctx, body), stored)
     if stored is not None and holds_quota(stored) and not same_pods(stored, wanted) and not evicted(stored):
         # The job now needs other pods than the quota was reserved for: queue it again, as Kueue does.
         kube.delete(API, "Workload", job.namespace, name, uid=stored["metadata"]["uid"])

@@ -44,6 +44,8 @@ class Observation:
     faults: tuple[Fault, ...] = ()
     coordinator: wire.StatusDocument | None = None
     coordinator_error: str | None = None
+    unreadable_s: float = 0.0
+    """How long the coordinator's status has failed to read, on consecutive tries (0: it was read)."""
     deployments: Mapping[str, Object] = dataclasses.field(default_factory=dict)
     """The job's Deployments by name, as stored (their ``status`` is the controllers')."""
     trainer: Object | None = None
@@ -73,6 +75,17 @@ def _ready_replicas(obj: Object | None) -> tuple[int, int]:
     spec_replicas = obj.get("spec", {}).get("replicas", 1)
     ready = obj.get("status", {}).get("readyReplicas", 0) or 0
     return int(spec_replicas if spec_replicas is not None else 1), int(ready)
+
+
+def _finished(job: Object | None) -> bool:
+    """Whether the trainer Job completed (every rank exited 0): its pods are gone for a good reason."""
+    conditions_ = (job or {}).get("status", {}).get("conditions") or []
+    return any(c.get("type") == "Complete" and c.get("status") == "True" for c in conditions_)
+
+
+UNREACHABLE_GRACE_S = 30.0
+"""How long a ready coordinator's status may fail to read before the job is Degraded: a new operator's
+first read, or one during a coordinator's restart, is not a problem."""
 
 
 def pending(pods: Sequence[Mapping[str, Any]]) -> tuple[dict[str, str], dict[str, int]]:
@@ -190,6 +203,10 @@ def _ready(obs: Observation) -> Condition:
         why = f": {obs.coordinator_error}" if obs.coordinator_error else ""
         return Condition("Ready", "False", "CoordinatorNotReady", f"waiting for the coordinator{why}")
     desired, ready = _ready_replicas(obs.trainer)
+    if ready < desired and _finished(obs.trainer):
+        return Condition(
+            "Ready", "False", "TrainerFinished", "the trainer finished its last step; the job ends next"
+        )
     if ready < desired:
         return Condition("Ready", "False", "TrainerNotReady", f"{ready} of {desired} trainer pod(s) ready")
     empty = [
@@ -360,12 +377,13 @@ def _degraded(obs: Observation, previous: Mapping[str, Any]) -> Condition:
         )
     if doc is None and not obs.suspended and obs.outcome is None and obs.job is not None:
         coordinator = obs.deployments.get(names.coordinator(obs.job.name))
-        if _ready_replicas(coordinator)[1] > 0:
+        if _ready_replicas(coordinator)[1] > 0 and obs.unreadable_s >= UNREACHABLE_GRACE_S:
             return Condition(
                 "Degraded",
                 "True",
                 "CoordinatorUnreachable",
-                f"the coordinator's pod is ready but its status cannot be read: {obs.coordinator_error}",
+                f"the coordinator's pod is ready but its status has not been readable for "
+                f"{obs.unreadable_s:.0f} s: {obs.coordinator_error}",
             )
     return Condition("Degraded", "False", "AsExpected", "no problem found")
 

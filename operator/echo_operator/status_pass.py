@@ -180,18 +180,28 @@ def read_progress(
     return lifecycle.Progress(version, checkpoint)
 
 
+RETRY_READ_S = 0.5
+"""The pause before reading a coordinator's status again after a failed read."""
+
+
 def fetch(ctx: context.Context, mem: context.JobMemory, namespace: str, name: str) -> None:
     """Read the coordinator's status document into ``mem`` (or why it could not be read)."""
     why = why_unread(mem.job, mem.status_token is not None)
     if why is not None or mem.status_token is None:
-        mem.doc, mem.doc_error = None, why
+        mem.doc, mem.doc_error, mem.doc_error_since = None, why, None
         return
     url = ctx.settings.status_url(name, namespace)
-    try:
-        mem.doc = observe.fetch_status(url, mem.status_token, ctx.settings.http_timeout_s)
-        mem.doc_error = None
-    except observe.Unreachable as exc:
-        mem.doc, mem.doc_error = None, str(exc)
+    for attempt in range(2):  # one retry: a single failed read (a new operator's first) is not news
+        try:
+            mem.doc = observe.fetch_status(url, mem.status_token, ctx.settings.http_timeout_s)
+            mem.doc_error, mem.doc_error_since = None, None
+            return
+        except observe.Unreachable as exc:
+            mem.doc, mem.doc_error = None, str(exc)
+            if attempt == 0:
+                time.sleep(RETRY_READ_S)
+    if mem.doc_error_since is None:
+        mem.doc_error_since = time.monotonic()
 
 
 def write_status(
@@ -233,6 +243,7 @@ def write_status(
         faults=mem.faults,
         coordinator=doc,
         coordinator_error=mem.doc_error,
+        unreadable_s=0.0 if mem.doc_error_since is None else time.monotonic() - mem.doc_error_since,
         deployments=deployments,
         trainer=trainer,
         behind=mem.behind,

@@ -16,77 +16,17 @@ removes everything in it).
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-import yaml
 from e2e_kit import E2E, Installed
 
 from services.cluster import Cluster
+from services.install import overlay
 from services.kueue import Kueue, start_kueue
-from services.procs import REPO_ROOT
 
-MANIFESTS = REPO_ROOT / "manifests"
 ROLLOUT_TIMEOUT_S = 300
-
-
-def overlay(images: dict[str, str], out: Path) -> Path:
-    """A kustomization over ``manifests/`` that swaps image names and the pull policy, nothing else."""
-
-    def split(ref: str) -> tuple[str, str]:
-        name, _, tag = ref.rpartition(":")
-        return name, tag
-
-    swaps = {
-        "ghcr.io/echorl/echorl-operator": images["operator"],
-        "quay.io/minio/minio": images["test-minio"],
-    }
-    env = {
-        "ECHORL_IMAGE_COORDINATOR": images["worker-cpu"],
-        "ECHORL_IMAGE_WORKER_CPU": images["worker-cpu"],
-        "ECHORL_IMAGE_TRAINER": images["trainer"],
-        "ECHORL_IMAGE_PULL_POLICY": "Never",
-    }
-    operator = yaml.safe_load((MANIFESTS / "common" / "operator.yaml").read_text())
-    names = [e["name"] for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]]
-    ops = [
-        {"op": "replace", "path": f"/spec/template/spec/containers/0/env/{names.index(k)}/value", "value": v}
-        for k, v in env.items()
-        if k in names
-    ]
-    ops += [
-        {"op": "add", "path": "/spec/template/spec/containers/0/env/-", "value": {"name": k, "value": v}}
-        for k, v in env.items()
-        if k not in names
-    ]
-    pull = [{"op": "replace", "path": "/spec/template/spec/containers/0/imagePullPolicy", "value": "Never"}]
-    out.mkdir(parents=True, exist_ok=True)
-    kustomization = {
-        "apiVersion": "kustomize.config.k8s.io/v1beta1",
-        "kind": "Kustomization",
-        "resources": [
-            os.path.relpath(MANIFESTS, out),
-            os.path.relpath(MANIFESTS / "dev", out),
-        ],  # + dev MinIO
-        "images": [
-            {"name": old, "newName": split(new)[0], "newTag": split(new)[1]} for old, new in swaps.items()
-        ],
-        "patches": [
-            {
-                "target": {"kind": "Deployment", "name": "echorl-operator"},
-                "patch": yaml.safe_dump(ops + pull),
-            },
-            {
-                "target": {"kind": "Deployment", "name": "minio"},
-                "patch": yaml.safe_dump([{**pull[0], "op": "add"}]),
-            },
-        ],
-    }
-    (out / "kustomization.yaml").write_text(yaml.safe_dump(kustomization, sort_keys=False))
-    return out
 
 
 @pytest.fixture(scope="session")

@@ -706,15 +706,10 @@ def _start(cluster: Cluster, timeout: float, t0: float) -> None:
     containerd = _proc(
         cluster, "containerd", ["containerd", "--config", containerd_conf, "--log-level", "warn"]
     )
+    # Healthy means the CRI server answers, not only containerd's own API: the CRI plugin initialises
+    # after the socket is up, and a kubelet that comes earlier exits ("server is not initialized yet").
     containerd.wait_healthy(
-        lambda: (
-            subprocess.run(
-                ["ctr", "--address", str(cluster.runtime_socket), "version"], capture_output=True, check=False
-            ).returncode
-            == 0
-        ),
-        timeout,
-        interval=0.25,
+        lambda: cluster.crictl("pods", "-q", timeout=10).returncode == 0, timeout, interval=0.25
     )
     # Sandboxes a crashed earlier run left in the shared image store: remove them before the kubelet looks.
     stale = cluster.crictl("pods", "-q").stdout.split()
@@ -919,6 +914,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 time.sleep(0.5)
         cleaned = clean_stale()
         ready.unlink(missing_ok=True)
+        # Its etcd and node state too: the next `up` starts empty, not with the old pods restarting
+        # while the new cluster checks its containment.
+        shutil.rmtree(state / "cluster", ignore_errors=True)
         stopped = state / "stopped.txt"
         print(stopped.read_text() if stopped.exists() else "down", *(f"cleaned up {c}" for c in cleaned))
         return 0
@@ -935,11 +933,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         return subprocess.call([*prefix, info["kubectl"], "get", "nodes,pods", "-A", "-o", "wide"], env=env)
     if command == "kubectl":
         return subprocess.call([*prefix, info["kubectl"], *args], env=env)
+    if command == "images":  # what the cluster's containerd holds, built here (no registry)
+        for role, ref in sorted(info["images"].items()):
+            print(f"{role:22} {ref}")
+        return 0
+    if command == "install":  # Echo with those images: manifests/ + its dev MinIO, as the e2e tier does
+        from services.install import overlay
+
+        where = overlay(info["images"], state / "install")
+        print(f"applying {where} (manifests/ and manifests/dev/ with the images built here)", flush=True)
+        kubectl = [*prefix, info["kubectl"]]
+        code = subprocess.call([*kubectl, "apply", "--server-side", "-k", str(where)], env=env)
+        for deployment in ("echorl-operator", "minio") if code == 0 else ():
+            rollout = [
+                "-n",
+                "echorl-system",
+                "rollout",
+                "status",
+                f"deployment/{deployment}",
+                "--timeout=300s",
+            ]
+            code = code or subprocess.call([*kubectl, *rollout], env=env)
+        return code
     if command == "shell":
         bin_dir = str(Path(info["kubectl"]).parent)
         env["PATH"] = f"{bin_dir}:{env['PATH']}"
         return subprocess.call([*prefix, os.environ.get("SHELL", "bash"), *args], env=env)
-    print(f"unknown command {command!r}: up, down, status, kubectl ARGS..., shell", file=sys.stderr)
+    print(
+        f"unknown command {command!r}: up, down, status, images, install, kubectl ARGS..., shell",
+        file=sys.stderr,
+    )
     return 2
 
 

@@ -42,6 +42,20 @@ def validate(files: tuple[str, ...], local: bool) -> None:
                 click.echo(f"  {doc}{finding}", err=True)
             continue
         manifests = read.manifests
+        if local:  # `echorl run` runs the task in this environment: a plugin must be installed here
+            from echo_runtime.tasks import registry
+
+            unknown = []
+            for job in (m for m in manifests if isinstance(m, spec.EchoJob)):
+                try:
+                    registry.check(job.spec.task.name, job.spec.task.options, plugins_here=True)
+                except ValueError as exc:
+                    unknown.append(f"  {job.metadata.name}: spec.task.name: {exc}")
+            if unknown:
+                failed = True
+                click.echo(f"{name}: invalid for echorl run ({len(unknown)} problem(s))", err=True)
+                click.echo("\n".join(unknown), err=True)
+                continue
         for job in (m for m in manifests if isinstance(m, spec.EchoJob)):
             try:
                 spec.resolve(job, manifests)

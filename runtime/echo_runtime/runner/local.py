@@ -132,6 +132,12 @@ class LocalRun:
         self.manifest = run_manifest(job_path, options.seed)
         """The text of the manifest every process reads (``run-dir/job.yaml``): the user's, seeded."""
         self.job = spec.load_job(job_path) if options.seed is None else _load_text(self.manifest, job_path)
+        from echo_runtime.tasks import registry  # a plugin task must be installed here: this run runs it
+
+        try:
+            registry.check(self.job.spec.task.name, self.job.spec.task.options, plugins_here=True)
+        except ValueError as exc:
+            raise RunError(f"spec.task.name: {exc}") from None
         self.dir = options.run_dir or Path("runs") / self.job.name
         self.procs = Processes(self.dir / "logs")
         self.max_steps = options.max_steps or self.job.spec.algorithm.max_steps

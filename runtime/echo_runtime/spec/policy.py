@@ -111,6 +111,20 @@ class Task(SpecModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _known_task(self) -> Task:
+        # Unknown options of a built-in, bad values, a misspelt name: refused wherever a manifest is read
+        # (echorl validate, echorl run, the operator's InvalidSpec), not when the coordinator starts.
+        from echo_runtime.tasks import registry
+
+        try:
+            registry.check(self.name, self.options)
+        except ValueError as exc:
+            raise ValueError(
+                f"{'options' if self.name in registry.BUILTIN_TASKS else 'name'}: {exc}"
+            ) from None
+        return self
+
     def task_options(self) -> dict[str, Any]:
         """What the task's constructor gets: ``options``, or for the dataset task its ``dataset`` settings."""
         if self.dataset is not None:
@@ -221,6 +235,13 @@ class Algorithm(SpecModel):
     """Groups (prompts) consumed per optimizer step."""
     micro_batch_size: Int = Field(default=8, ge=1)
     """Rollouts per forward/backward pass; gradients are accumulated over the batch."""
+    micro_batch_tokens: Int | None = Field(default=None, ge=1)
+    """A token budget per forward/backward pass instead of a rollout count (``microBatchSize`` is then
+    not used): rollouts sorted by length, and as many in each pass as fit once padded (rows × (longest
+    prompt + longest completion)); a rollout longer than the budget gets a pass alone, and is never
+    split. Long and short rollouts then stop paying for each other's padding, and the peak memory
+    follows the budget rather than the longest rollout. The loss is the same either way. The trainer
+    reports ``paddingFraction`` per step."""
     learning_rate: Number = Field(default=1e-4, gt=0, le=1)
     """AdamW learning rate (the peak, when ``lrSchedule`` decays it)."""
     lr_schedule: Literal["Constant", "Linear", "Cosine"] = "Constant"

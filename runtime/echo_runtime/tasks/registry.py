@@ -17,6 +17,7 @@ tiny demo model's tokenizer on exactly the characters and words the tasks use.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.metadata
 import inspect
@@ -77,6 +78,38 @@ def get_task(name: str, options: Mapping[str, Any] | None = None) -> base.Task:
         f"unknown task {name!r}: built-in tasks are {', '.join(BUILTIN_TASKS)}{installed}; "
         f"a task of your own is named 'module:function' or offered under the {ENTRY_POINT_GROUP!r} entry points"
     )
+
+
+_PROCEDURAL: Final = frozenset({"arithmetic", "knights_knaves", "sokoban", "math"})
+"""Built-ins that generate their problems: building one reads nothing and takes well under a
+millisecond, so :func:`check` builds them to check option values too."""
+
+
+def check(name: str, options: Mapping[str, Any] | None = None, *, plugins_here: bool = False) -> None:
+    """Raise ValueError for the mistakes a manifest can be checked for without running user code or
+    reading data: a built-in's unknown option (with the allowed ones) or bad value, and a name that is
+    none of the built-ins but close to one (with the one meant). ``plugins_here``: the process that will
+    run the task is this one (``echorl run``), so a name must be a built-in, ``module:function`` or an
+    entry point installed here. A plugin name in a cluster can only be checked in the pods' image."""
+    given = dict(options or {})
+    if name in _BUILTINS:
+        _check_option_names(name, _BUILTINS[name], given)
+        if name in _PROCEDURAL:
+            _BUILTINS[name](**given)
+        return
+    if ":" in name:
+        return
+    plugins = sorted(ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+    if name in plugins:
+        return
+    close = difflib.get_close_matches(name, [*BUILTIN_TASKS, *plugins], n=1, cutoff=0.8)
+    if close or plugins_here:
+        meant = f"did you mean {close[0]!r}? " if close else ""
+        installed = f"; installed plugins ({ENTRY_POINT_GROUP}): {', '.join(plugins)}" if plugins else ""
+        raise ValueError(
+            f"unknown task {name!r}: {meant}built-in tasks are {', '.join(BUILTIN_TASKS)}{installed}; a task "
+            f"of your own is named 'module:function' (a plugin installed only in the images, too)"
+        )
 
 
 def from_spec(task: TaskSpec) -> base.Task:

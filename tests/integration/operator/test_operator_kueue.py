@@ -9,6 +9,8 @@ resuming from its checkpoint — runs on the real node (tests/e2e/test_e2e_kueue
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -110,10 +112,14 @@ def test_kueue_admits_queues_preempts_and_resumes_echojobs(
     assert wl["spec"]["queueName"] == "team" and wl["spec"]["priority"] == 100
     counts = {p["name"]: p["count"] for p in wl["spec"]["podSets"]}
     assert counts == {"coordinator": 1, "trainer": 1, "cpu": 1}
-    usage = eventually(
-        lambda: kube.kubectl_json("get", "clusterqueue", ns)["status"]["flavorsUsage"][0]["resources"]
-    )
-    assert {r["name"]: r["total"] for r in usage}["cpu"] == "1250m"
+
+    def cpu_used() -> str:
+        usage = kube.kubectl_json("get", "clusterqueue", ns)["status"]["flavorsUsage"][0]["resources"]
+        return str({r["name"]: r["total"] for r in usage}["cpu"])
+
+    # The ClusterQueue's status follows the admission a moment later (seen as "0" on a loaded machine).
+    until(lambda: cpu_used() != "0" or None)
+    assert cpu_used() == "1250m"
     assert suspended(kube, ns, "low-a")["status"] == "False"
 
     # 2. Preempted by a higher priority: scaled to zero, the quota given back, queued again.
@@ -179,6 +185,31 @@ def test_kueue_admits_queues_preempts_and_resumes_echojobs(
     gone = kube.kubectl("get", "workloads.kueue.x-k8s.io", "echojob-low-b", "-n", ns)
     assert gone.returncode != 0 and "NotFound" in gone.stderr
     assert "WorkloadDeleted" in reasons(kube, ns, "low-b")
+
+    # 6. Deactivated by an admin (as `kueuectl stop workload` does): the job stops and says why, and
+    #    the operator leaves the Workload inactive (it used to re-apply active: true) until the admin
+    #    reactivates it.
+    def set_active(active: bool) -> None:
+        patch = json.dumps({"spec": {"active": active}})
+        kubectl_ok(
+            kube, "patch", "workloads.kueue.x-k8s.io", "echojob-low-a", "-n", ns, "--type=merge", "-p", patch
+        )
+
+    set_active(False)
+    cond = until(
+        lambda: ((c := suspended(kube, ns, "low-a"))["reason"] == "WorkloadDeactivated" and c) or None,
+        timeout=90,  # Kueue evicts, then the operator scales to zero and releases: slower on a loaded CI
+    )
+    assert "kueuectl resume workload echojob-low-a" in cond["message"]
+    until(lambda: {k: v for k, v in shape(kube, ns, "low-a").items() if k != "trainer-job"}
+               == {"coordinator": 0, "cpu": 0} or None, timeout=90)  # fmt: skip
+    time.sleep(3)  # six status passes (every 0.5 s here), each of which used to re-activate it
+    assert workload(kube, ns, "low-a")["spec"]["active"] is False
+    assert suspended(kube, ns, "low-a")["reason"] == "WorkloadDeactivated"
+    set_active(True)
+    until(lambda: suspended(kube, ns, "low-a")["status"] == "False" or None, timeout=120)
+    until(lambda: {k: v for k, v in shape(kube, ns, "low-a").items() if k != "trainer-job"}
+               == {"coordinator": 1, "cpu": 1} or None, timeout=120)  # fmt: skip
 
 
 def test_a_missing_priority_class_or_queue_api_is_reported_on_the_field(

@@ -655,6 +655,41 @@ spec: {mode: Sequential, maxStaleness: 0}
     wait_children(kube_apiserver, ns, "waiting", {("Deployment", "waiting-default")})
 
 
+def test_a_job_with_a_misspelt_task_is_refused_before_any_child(
+    operator: KopfRunner,
+    kube_apiserver: KubeApiServer,
+    kube_namespace: str,
+    storage_secret: str,
+    storage_yaml: Callable[..., str],
+    bucket: str,
+) -> None:
+    """The API server cannot know Echo's tasks: the operator refuses the job as its first condition,
+    naming the task meant, and creates nothing (the coordinator would only fail when it started)."""
+    ns = kube_namespace
+    apply(
+        kube_apiserver,
+        ns,
+        f"""
+apiVersion: echorl.dev/v1alpha1
+kind: EchoJob
+metadata: {{name: typo}}
+spec:
+  model: {{path: echorl:tiny}}
+  storage: {storage_yaml(bucket)}
+  task: {{name: knights_knaaves}}
+""",
+    )
+
+    def refused() -> None:
+        cond = condition(get(kube_apiserver, ns, "echojob", "typo"), "Degraded")
+        assert (cond["status"], cond["reason"]) == ("True", "InvalidSpec"), cond
+        assert "did you mean 'knights_knaves'?" in cond["message"]
+
+    eventually(refused)
+    assert "InvalidSpec" in reasons(kube_apiserver, ns, "typo")
+    assert children_of(kube_apiserver, ns, "typo") == {}
+
+
 def test_deletion_cleans_the_store_when_asked_and_children_are_owned(
     operator: KopfRunner,
     kube_apiserver: KubeApiServer,

@@ -15,8 +15,10 @@ or text the coordinator cannot tell from honest ones:
   lease's key: of three completions sampled with the operating system's randomness it submits the one
   it likes best. Only the token check against the lease's key (``backends/seeded.py``) can see that.
 
-Once each liar has a group in the buffer, the honest worker is held (SIGSTOP), so the batches hold their
-groups and the trainer has to check them; it is let go once all three are quarantined. Then: every
+Once the fabricator and the chooser have a group in the buffer and the patient liar knows an older
+version to claim, the honest worker is held (SIGSTOP), so the batches hold their groups and the trainer
+has to check them (and versions wait, so the patient's claim stays within Δmax); it is let go once all
+three are quarantined. Then: every
 liar quarantined for the reason the design gives, none of their groups in any optimizer step (the
 trainer's per-step lineage, ``workers``), none trained before its conviction, and the honest external
 worker in the steps and never quarantined. (Every other ``echorl run`` of the suite checks its honest
@@ -233,7 +235,7 @@ def rollouts(
 def test_liars_in_an_external_pool_never_reach_a_step_and_the_honest_worker_is_never_caught(
     tmp_path: Path, model_dir: str
 ) -> None:
-    lock, stop = threading.Lock(), threading.Event()
+    lock, stop, claimable = threading.Lock(), threading.Event(), threading.Event()
     base_model = TransformersBackend(model_dir, device="cpu", threads=1)
     claims: list[tuple[int, int]] = []
     """The patient liar's (claimed version, newest published version) at each submission."""
@@ -271,6 +273,7 @@ def test_liars_in_an_external_pool_never_reach_a_step_and_the_honest_worker_is_n
                     if not any(seen - BOUND <= v < seen for v in reported):
                         time.sleep(0.1)  # patient: it leases only once it knows an older version to claim
                         continue
+                    claimable.set()
                     for task in w.lease(1, wait=1.0, loaded_version=seen).tasks:
                         samples = draw(task)
                         newest = w.heartbeat(max(reported)).policy_version  # the trainer may be ahead
@@ -304,8 +307,14 @@ def test_liars_in_an_external_pool_never_reach_a_step_and_the_honest_worker_is_n
                 w.close()
 
         liars = {"fabricator": start(fabricator), "patient": start(patient), "chooser": start(chooser)}
-        until(lambda: all(liar.buffered.is_set() for liar, _ in liars.values()), 240)
+        # The honest worker alone could finish the run's versions before the patient liar, which must
+        # see versions pass and then share the sampler with the others, buffers a claim (CI saw it):
+        # it is held once the others have buffered and the patient knows a version to claim. Versions
+        # then wait for the liars' groups, so the patient's window stays open until it submits.
+        until(lambda: liars["fabricator"][0].buffered.is_set() and liars["chooser"][0].buffered.is_set(), 240)
+        until(claimable.is_set, 240)
         honest.pause()  # the batches now hold the liars' groups: the trainer has to check them
+        until(lambda: all(liar.buffered.is_set() for liar, _ in liars.values()), 240)
         try:
             until(lambda: all(run.caught(liar) for liar, _ in liars.values()), 120)
         finally:

@@ -92,6 +92,23 @@ def test_the_workload_is_owned_by_the_job_and_names_its_queue_priority_and_activ
     assert "priority" not in plain["spec"] and "priorityClassRef" not in plain["spec"]
 
 
+def test_the_operator_never_reactivates_a_workload_it_did_not_deactivate(make_job: Any) -> None:
+    """Kueue (waitForPodsReady's requeue limit) or an admin (kueuectl stop) deactivated it: it stays so.
+    The operator's own deactivation, for spec.suspend, is marked, and undone when the job resumes."""
+    job = make_job()
+    by_admin = workload(active=False)
+    assert queueing.workload(job, SETTINGS, "q", None, by_admin)["spec"]["active"] is False
+    for_suspend = workload(active=False, for_suspend=True)
+    resumed = queueing.workload(job, SETTINGS, "q", None, for_suspend)
+    assert resumed["spec"]["active"] is True
+    assert queueing.SUSPENDED_MARK not in resumed["metadata"].get("annotations", {})
+    suspended = dataclasses.replace(job, spec=job.spec.model_copy(update={"suspend": True}))
+    applied = queueing.workload(suspended, SETTINGS, "q", None, workload())
+    assert applied["spec"]["active"] is False
+    assert applied["metadata"]["annotations"] == {queueing.SUSPENDED_MARK: "true"}
+    assert queueing.workload(job, SETTINGS, "q", None, workload())["spec"]["active"] is True
+
+
 def test_queue_and_priority_come_from_kueues_own_labels() -> None:
     body = {"metadata": {"labels": {"kueue.x-k8s.io/queue-name": "q", "kueue.x-k8s.io/priority-class": "p"}}}
     assert (queueing.queue_name(body), queueing.priority_class(body)) == ("q", "p")
@@ -120,15 +137,19 @@ def cond(kind: str, status: str, reason: str = "R", message: str = "", when: str
     return {"type": kind, "status": status, "reason": reason, "message": message, "lastTransitionTime": when}
 
 
-def workload(*conditions: dict[str, Any], admission: bool = False, active: bool = True) -> dict[str, Any]:
+def workload(
+    *conditions: dict[str, Any], admission: bool = False, active: bool = True, for_suspend: bool = False
+) -> dict[str, Any]:
+    """A stored Workload; ``for_suspend``: deactivated by the operator for ``spec.suspend`` (its mark)."""
     status: dict[str, Any] = {"conditions": list(conditions)}
     if admission:
         status["admission"] = {
             "clusterQueue": "cq",
             "podSetAssignments": [{"name": "coordinator", "count": 1}],
         }
+    marks = {"annotations": {queueing.SUSPENDED_MARK: "true"}} if for_suspend else {}
     return {
-        "metadata": {"name": "echojob-demo", "generation": 3, "uid": "w-1"},
+        "metadata": {"name": "echojob-demo", "generation": 3, "uid": "w-1", **marks},
         "spec": {"queueName": "q", "active": active},
         "status": status,
     }
@@ -158,10 +179,30 @@ PREEMPTED = cond(
             "EvictedByKueue",
             "Deactivated",
         ),
-        (workload(cond("QuotaReserved", "False", "Pending"), active=False), "Deactivated", "spec.suspend"),
+        (
+            workload(cond("QuotaReserved", "False", "Pending"), active=False, for_suspend=True),
+            "Deactivated",
+            "spec.suspend",
+        ),
+        (
+            workload(
+                cond("Evicted", "True", "InactiveWorkload", "The workload is deactivated"), active=False
+            ),
+            "WorkloadDeactivated",
+            "deactivated by Kueue or an admin (InactiveWorkload: The workload is deactivated)",
+        ),
         (workload(*ADMITTED, cond("Finished", "True", "Succeeded")), None, None),
     ],
-    ids=["no-workload", "pending", "admitted", "preempted", "deactivated-evicted", "inactive", "finished"],
+    ids=[
+        "no-workload",
+        "pending",
+        "admitted",
+        "preempted",
+        "deactivated-evicted",
+        "inactive",
+        "deactivated-by-others",
+        "finished",
+    ],
 )
 def test_the_job_runs_only_while_kueue_admits_it(
     wl: dict[str, Any] | None, reason: str | None, in_message: str | None

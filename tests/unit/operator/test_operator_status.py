@@ -126,6 +126,16 @@ def test_all_good(make_job: Any) -> None:
     [
         ({"coordinator": None, "coordinator_error": "connection refused"}, "CoordinatorNotReady"),
         ({"trainer": {"spec": {"replicas": 2}, "status": {"readyReplicas": 1}}}, "TrainerNotReady"),
+        (
+            {
+                "trainer": {
+                    "kind": "Job",
+                    "spec": {"parallelism": 1},
+                    "status": {"ready": 0, "conditions": [{"type": "Complete", "status": "True"}]},
+                }
+            },
+            "TrainerFinished",
+        ),
         ({"coordinator": doc(workers=[worker("w1", "gpu", 16)])}, "PoolsNotReady"),
         ({"job": None}, "Reconciling"),
         ({"suspended": True}, "Suspended"),
@@ -182,12 +192,27 @@ def test_a_broken_bound_is_loud(make_job: Any) -> None:
 
 def test_unreachable_coordinator_with_a_ready_pod_is_degraded(make_job: Any) -> None:
     ready = {"demo-coordinator": {"spec": {"replicas": 1}, "status": {"readyReplicas": 1}}}
-    obs = observation(make_job, coordinator=None, coordinator_error="timed out", deployments=ready)
+    obs = observation(
+        make_job, coordinator=None, coordinator_error="timed out", deployments=ready, unreadable_s=31
+    )
     degraded = by_type(status_mod.conditions(obs))["Degraded"]
     assert (degraded.status, degraded.reason) == ("True", "CoordinatorUnreachable")
-    assert "timed out" in degraded.message
+    assert "timed out" in degraded.message and "for 31 s" in degraded.message
+    # A new operator's first read, or one while the coordinator restarts: not (yet) a problem.
+    brief = observation(
+        make_job, coordinator=None, coordinator_error="refused", deployments=ready, unreadable_s=0.2
+    )
+    assert by_type(status_mod.conditions(brief))["Degraded"].status == "False"
     starting = observation(make_job, coordinator=None, coordinator_error="refused", deployments={})
     assert by_type(status_mod.conditions(starting))["Degraded"].status == "False"
+
+
+def test_a_finished_trainer_is_news_not_a_warning() -> None:
+    """Between the trainer's last step and Succeeded, Ready turns False for a good reason: a Normal event."""
+    before = [{"type": "Ready", "status": "True", "reason": "AllComponentsReady"}]
+    finished = conditions.transitions(before, [Condition("Ready", "False", "TrainerFinished", "done")])
+    crashed = conditions.transitions(before, [Condition("Ready", "False", "TrainerNotReady", "0 of 1")])
+    assert [t.warning for t in finished] == [False] and [t.warning for t in crashed] == [True]
 
 
 def test_merge_keeps_transition_times_while_status_holds() -> None:

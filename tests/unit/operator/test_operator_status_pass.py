@@ -97,3 +97,45 @@ def test_observed_generation_is_the_last_one_applied_not_the_one_looked_at() -> 
     # Nothing applied in this operator run yet (it restarted, or every apply failed): keep status's.
     assert status_pass.observed_generation(None, {"observedGeneration": 2}) == 2
     assert status_pass.observed_generation(None, {}) is None
+
+
+class _Settings:
+    http_timeout_s = 1.0
+
+    @staticmethod
+    def status_url(name: str, namespace: str) -> str:
+        return f"http://{name}.{namespace}/status"
+
+
+def test_one_failed_read_is_retried_and_a_lasting_failure_is_timed(
+    make_job: MakeJob, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A coordinator whose status fails to read once (a new operator's first read) is read again at
+    once; only consecutive failures start the clock that Degraded waits on."""
+    from echo_operator import context, observe
+
+    answers: list[Any] = []
+
+    def fetch_status(url: str, token: str, timeout: float) -> Any:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(observe, "fetch_status", fetch_status)
+    monkeypatch.setattr(status_pass, "RETRY_READ_S", 0.0)
+    ctx = type("Ctx", (), {"settings": _Settings()})()
+    mem = context.JobMemory(job=make_job(), status_token="t")
+    answers[:] = [observe.Unreachable("connection refused"), "the document"]
+    status_pass.fetch(ctx, mem, "ns", "demo")  # type: ignore[arg-type]
+    assert (mem.doc, mem.doc_error, mem.doc_error_since) == ("the document", None, None)
+    answers[:] = [observe.Unreachable("refused"), observe.Unreachable("refused again")]
+    status_pass.fetch(ctx, mem, "ns", "demo")  # type: ignore[arg-type]
+    assert mem.doc is None and mem.doc_error == "refused again" and mem.doc_error_since is not None
+    since = mem.doc_error_since
+    answers[:] = [observe.Unreachable("x"), observe.Unreachable("y")]
+    status_pass.fetch(ctx, mem, "ns", "demo")  # type: ignore[arg-type]
+    assert mem.doc_error_since == since  # the clock runs from the first of the consecutive failures
+    answers[:] = ["back"]
+    status_pass.fetch(ctx, mem, "ns", "demo")  # type: ignore[arg-type]
+    assert (mem.doc, mem.doc_error_since) == ("back", None)

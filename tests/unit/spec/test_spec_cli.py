@@ -86,6 +86,46 @@ def test_validate_lists_each_problem_and_fails(tmp_path: Path) -> None:
     assert "spec.algorithm.groupSize: must be an integer, got 'x'" in result.output
 
 
+TASK_MISTAKES = """apiVersion: echorl.dev/v1alpha1
+kind: EchoJob
+metadata: {name: typo}
+spec:
+  task: {name: knights_knaaves}
+---
+apiVersion: echorl.dev/v1alpha1
+kind: EchoJob
+metadata: {name: option}
+spec:
+  task: {name: knights_knaves, options: {min_peeple: 3}}
+"""
+
+
+@pytest.mark.parametrize("local", [True, False], ids=["local", "cluster"])
+def test_validate_names_an_unknown_task_and_an_unknown_option(tmp_path: Path, local: bool) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(TASK_MISTAKES)
+    result = CliRunner().invoke(main, ["validate", *(["--local"] if local else []), str(path)])
+    assert result.exit_code == 1, result.output
+    assert "spec.task.name: unknown task 'knights_knaaves': did you mean 'knights_knaves'?" in result.output
+    assert (
+        "spec.task.options: task 'knights_knaves': unknown option 'min_peeple'; allowed options: "
+        in result.output
+    )
+
+
+def test_validate_local_needs_a_plugin_task_installed_here(tmp_path: Path) -> None:
+    """A name like no built-in may be a plugin of the cluster's images, but `echorl run` runs it here."""
+    path = tmp_path / "job.yaml"
+    path.write_text(GOOD + "  task: {name: countdown}\n")
+    result = CliRunner().invoke(main, ["validate", "--local", str(path)])
+    assert result.exit_code == 1, result.output
+    assert "demo: spec.task.name: unknown task 'countdown': built-in tasks are" in result.output
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(CLUSTER_GOOD + "  task: {name: countdown}\n")
+    result = CliRunner().invoke(main, ["validate", str(cluster)])
+    assert result.exit_code == 0, result.output
+
+
 def test_validate_reports_unreadable_files(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["validate", str(tmp_path / "missing.yaml")])
     assert result.exit_code == 1

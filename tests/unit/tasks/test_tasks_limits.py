@@ -47,10 +47,8 @@ def outer_timer() -> Iterator[None]:
 
 def test_it_fires_and_gives_the_outer_timer_back(outer_timer: None) -> None:
     handler = signal.getsignal(signal.SIGALRM)
-    start = time.monotonic()
     with pytest.raises(limits.Overrun), limits.deadline(0.2):
-        spin(5.0)
-    assert time.monotonic() - start < 1.0
+        spin(5.0)  # a spin that ran out would return normally: the Overrun is the deadline's
     assert signal.getsignal(signal.SIGALRM) is handler
     left = signal.getitimer(signal.ITIMER_REAL)[0]
     assert 28.0 < left <= 30.0 - 0.2
@@ -81,10 +79,8 @@ def test_an_overrun_that_is_lost_rings_again() -> None:
         except BaseException:
             spin(5.0)
 
-    start = time.monotonic()
     with pytest.raises(limits.Overrun), limits.deadline(0.2):
-        stubborn_library()
-    assert time.monotonic() - start < 1.0
+        stubborn_library()  # it returns normally unless a second ring ends its second spin
 
 
 class _Guarded:
@@ -120,19 +116,15 @@ def test_the_inner_deadline_fires_first_and_the_outer_one_survives_it() -> None:
 
 
 def test_the_outer_deadline_fires_first_and_is_reported_as_its_own() -> None:
-    start = time.monotonic()
     scores = scoring.score_group(_Guarded(inner=5.0, spin_for=5.0), PROBLEM, ["x"], timeout_s=0.3)
-    assert scores.timeouts == 1, scores
-    assert time.monotonic() - start < 2.0
+    assert scores.timeouts == 1, scores  # the inner deadline would have given "inner deadline", no timeout
 
 
 def test_the_outer_timer_still_runs_after_a_section_that_ended_in_time() -> None:
     # Without re-arming, the time spent after the section (5 s) would run unbounded.
-    start = time.monotonic()
     task = _Guarded(inner=5.0, spin_for=0.05, after=5.0)
     scores = scoring.score_group(task, PROBLEM, ["x"], timeout_s=0.5)
-    assert scores.timeouts == 1, scores
-    assert time.monotonic() - start < 2.0
+    assert scores.timeouts == 1, scores  # unbounded, the spin after the section would end and score 1
 
 
 def test_off_the_main_thread_it_stands_aside() -> None:

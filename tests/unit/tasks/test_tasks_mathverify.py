@@ -102,14 +102,11 @@ def test_through_the_dataset_task_with_the_project_convention(tmp_path: Path) ->
         "",
     ],
 )
-def test_hostile_text_scores_zero_quickly_without_raising(
-    monkeypatch: pytest.MonkeyPatch, completion: str
-) -> None:
+def test_hostile_text_scores_zero_without_raising(monkeypatch: pytest.MonkeyPatch, completion: str) -> None:
+    # Bounded by math-verify's deadline (test_tasks_limits.py shows that it fires and cannot be swallowed).
     monkeypatch.setattr(limits, "VERIFIER_SECONDS", 0.5)
-    start = time.monotonic()
     _, correct, reason = check(completion, "0.5")
     assert not correct and reason
-    assert time.monotonic() - start < 3.0
 
 
 @settings(max_examples=150, deadline=None)
@@ -147,13 +144,12 @@ class _CheckThenSpin:
 
 def test_it_leaves_the_coordinators_alarm_armed() -> None:
     # math-verify's own timeout would call signal.alarm(0) and cancel the coordinator's timer.
+    # Had math-verify disarmed the timer, the 5 s spin would end and score 1 with no timeout.
     problem = base.Problem("p", "Half of one?", "0.5")
-    start = time.monotonic()
     scores = coordinator_scoring.score_group(
         _CheckThenSpin(), problem, ["\\boxed{\\frac{1}{2}}"], timeout_s=1.0
     )
     assert scores.timeouts == 1, scores
-    assert time.monotonic() - start < 3.0
 
 
 def test_the_manifest_accepts_it_and_names_the_allowed_checkers(tmp_path: Path) -> None:

@@ -9,7 +9,6 @@ import itertools
 import pathlib
 import subprocess
 import sys
-import time
 from typing import Any
 
 import pytest
@@ -280,21 +279,32 @@ def test_hostile_answers_score_zero_quickly(
     monkeypatch.setattr(limits, "VERIFIER_SECONDS", 0.5)
     task = make(dataset)
     problem = take(task, "train", 1)[0]
-    start = time.monotonic()
-    reward = task.score(problem, tagged(answer))
-    assert time.monotonic() - start < 3.0
+    reward = task.score(problem, tagged(answer))  # refused before the library, or stopped by its deadline
     assert reward.value == 0.0 and why in reward.reason, reward
     assert task.score(problem, task.reference(problem)).value == 1.0  # and the verifier still works
 
 
-def test_unclosed_tags_cost_linear_time() -> None:
+def test_the_library_never_sees_text_after_the_last_closing_tag() -> None:
+    """reasoning-gym's non-greedy pattern would rescan the rest of the text from every opening tag with
+    no closing one after it (quadratic): it is given the text up to the last closing tag, and at most
+    the first 100,000 characters."""
+    seen: list[str] = []
+
+    def library(text: str) -> str:
+        seen.append(text)
+        return "answer"
+
+    opening = "<answer>" * 12_000
+    assert rg_task.extract(opening, library) is None and seen == []  # no closing tag: never called
+    assert rg_task.extract(opening + "</answer>" + opening, library) == "answer"
+    assert seen[-1] == opening + "</answer>"
+    assert rg_task.extract("x" * 150_000 + "</answer>", library) is None
+    assert len(seen) == 1  # not called: the closing tag lies past the first 100,000 characters
+    rg_task.extract("<answer>1</answer>" + "x" * 150_000, library)
+    assert seen[-1] == "<answer>1</answer>"
     task = make()
     problem = take(task, "train", 1)[0]
-    for completion in ("<answer>" * 12_000, "<answer>" * 12_000 + "</answer>" + "<answer>" * 12_000):
-        start = time.monotonic()
-        reward = task.score(problem, completion)
-        assert time.monotonic() - start < 1.0
-        assert reward.value < 1.0
+    assert task.score(problem, opening + "</answer>" + opening).value < 1.0
 
 
 def test_a_problem_of_another_task_scores_zero() -> None:

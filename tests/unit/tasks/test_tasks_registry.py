@@ -54,6 +54,28 @@ def test_an_unknown_option_lists_the_allowed_ones() -> None:
         tasks.get_task("knights_knaves", {"people": 3})
 
 
+def test_check_refuses_a_manifests_task_mistakes_without_running_it() -> None:
+    """What ``spec.task`` is checked for wherever a manifest is read (echorl validate, echorl run, the
+    operator): a built-in's unknown option or bad value, and a name close to a built-in."""
+    from echo_runtime.tasks import registry
+
+    with pytest.raises(ValueError, match=r"unknown task 'knights_knaaves': did you mean 'knights_knaves'\?"):
+        registry.check("knights_knaaves")
+    with pytest.raises(
+        ValueError, match="unknown option 'min_peeple'; allowed options: min_people, max_people"
+    ):
+        registry.check("knights_knaves", {"min_peeple": 3})
+    with pytest.raises(ValueError, match="option 'digits' must be an integer from 1 to 4, got 9"):
+        registry.check("arithmetic", {"digits": 9})
+    registry.check("arithmetic", {"digits": 2})
+    registry.check("pkg.tasks:make", {"anything": 1})  # user code: checked where it runs
+    # A name like no built-in may be a plugin installed only in the images: a cluster cannot tell...
+    registry.check("countdown")
+    # ...but `echorl run` runs the task here, where it must be installed.
+    with pytest.raises(ValueError, match="unknown task 'countdown': built-in tasks are arithmetic"):
+        registry.check("countdown", plugins_here=True)
+
+
 def test_a_bad_value_says_the_range() -> None:
     with pytest.raises(ValueError, match="sokoban: option 'boxes' must be an integer from 1 to 3, got 9"):
         tasks.get_task("sokoban", {"boxes": 9})
