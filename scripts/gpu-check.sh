@@ -3,7 +3,8 @@
 # trainer in bfloat16 with the real model, and report how far the backend's behaviour log-probs are from
 # the float32 trainer's recomputation (mean and max |Δ log-prob|), sampling tokens/s and the time of a
 # LoRA training step (bfloat16 under autocast, with and without gradient checkpointing), plus the
-# trainer memory benchmark on the GPU. Writes docs/benchmarks/gpu.md (and prints it). Finishes in a few
+# trainer memory benchmark on the GPU, and a step of the sharded trainer (strategy FSDP, bfloat16 compute)
+# on one GPU. Writes docs/benchmarks/gpu.md (and prints it). Finishes in a few
 # minutes on any CUDA GPU.
 #
 #   scripts/gpu-check.sh                  # the model from Echo's cache (echorl:smollm2-135m)
@@ -101,6 +102,36 @@ for checkpointing in (False, True):
                  f"{statistics.median(times[1:]):.3f} s (median of 3 after one warm-up), peak {peak:.0f} MiB")
     del trainer, optimizer
     torch.cuda.empty_cache()
+# strategy FSDP on one GPU (a group of one): bfloat16 compute with float32 gradient reduction, through the
+# trainer's own step (docs/sharding.md), on the batch sampled above.
+from echo_runtime import staleness
+from echo_runtime.rollout import Batch, Group
+from echo_runtime.trainer import distributed
+from echo_runtime.trainer import step as trainer_step
+
+world = distributed.World(device="cuda:0")
+torch.manual_seed(0)
+sharded = policy.load_policy(Model(path=model_dir, dtype="float32"), model_dir=model_dir, device="cuda")
+distributed.wrap(sharded.model, world, "FSDP", distributed.FSDP(mixed_precision=True))
+optimizer = trainer_step.make_optimizer(sharded.trainable_parameters(), 1e-5)
+batch = Batch(version=0, groups=tuple(
+    Group(rollouts=tuple(Rollout(s.prompt_ids, s.completion_ids, s.logprobs, float(i % 2), 0) for i, s in enumerate(g)),
+          id=f"g{n}")
+    for n, g in enumerate(groups)))
+plan = trainer_step.plan_step(batch, staleness.StalenessPolicy(mode="Async", max_staleness=1))
+times, losses = [], []
+torch.cuda.reset_peak_memory_stats()
+for repeat in range(4):
+    torch.cuda.synchronize(); started = time.perf_counter()
+    metrics = trainer_step.train_step(sharded, optimizer, plan, trainer_step.StepConfig(micro_batch_size=64))
+    torch.cuda.synchronize(); times.append(time.perf_counter() - started); losses.append(metrics.loss)
+peak = torch.cuda.max_memory_allocated() / 2**20
+lines.append(f"- strategy FSDP on one GPU, LoRA, mixedPrecision (bfloat16 compute, float32 reduction), "
+             f"{len(plan.slots)} rollouts in micro-batches of 64: {statistics.median(times[1:]):.3f} s a step "
+             f"(median of 3 after one warm-up), peak {peak:.0f} MiB, losses {[round(x, 5) for x in losses]}")
+del sharded, optimizer
+distributed.shutdown(world)
+torch.cuda.empty_cache()
 bench = subprocess.run([sys.executable, "benchmarks/memory.py", "--device", "cuda", "--layers", "4", "--rows", "8",
                         "--prompt", "256", "--completion", "512", "--out", "benchmarks/results/memory-gpu.json"],
                        capture_output=True, text=True)

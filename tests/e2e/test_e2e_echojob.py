@@ -114,6 +114,12 @@ def test_a_job_trains_to_succeeded_and_releases_everything(e2e: E2E) -> None:
     )
     later = e2e.until("the version advancing", lambda: (v := e2e.version("quick")) > first and v)
     e2e.note(f"policy version {first} → {later}; three workers")
+    # The images preload jemalloc (images/README.md): the workers and the trainer say what they run on.
+    jemalloc = re.compile(
+        r"memory allocator: jemalloc \(/usr/lib/\S*libjemalloc\.so\.2\)"
+    )  # the link's target
+    worker = running(e2e, "echorl.dev/job=quick,echorl.dev/pool=cpu")[0]["metadata"]["name"]
+    assert jemalloc.search(e2e.kubectl("logs", worker)), worker
     done = e2e.wait_condition("quick", "Succeeded")
     assert done["status"] == "True" and done["reason"] == "TrainingCompleted", done
     assert e2e.health("quick")[0] == "Healthy", e2e.health("quick")
@@ -130,6 +136,7 @@ def test_a_job_trains_to_succeeded_and_releases_everything(e2e: E2E) -> None:
     assert_released(e2e, "quick")
     trainer = e2e.json("get", "job", "quick-trainer")
     assert trainer["status"].get("succeeded") == 1  # the finished trainer Job stays, with its pods' logs
+    assert jemalloc.search(e2e.kubectl("logs", "job/quick-trainer"))
     # The snapshots stay in the store, up to the final version and its checkpoint.
     store = e2e.store("quick/")
     assert max(published(store, "quick")) == 150
@@ -137,11 +144,17 @@ def test_a_job_trains_to_succeeded_and_releases_everything(e2e: E2E) -> None:
 
 
 def test_deleting_a_worker_the_trainer_and_the_coordinator_mid_run_still_succeeds(e2e: E2E) -> None:
-    e2e.apply(echojob("restarts", max_steps=60, ttlSecondsAfterFinished=5))
+    """The trainer is a sharded gang of two pods (FSDP, one rank each): the pod of rank 1 is deleted, and
+    the operator restarts both ranks, which resume from the checkpoint the two wrote shard by shard."""
+    trainer = {"nodes": 2, "strategy": "FSDP", "threads": 1, "checkpointInterval": 5, "resources": RESOURCES}
+    e2e.apply(echojob("restarts", max_steps=60, ttlSecondsAfterFinished=5, trainingSwarm=trainer))
     e2e.until("version 3", lambda: e2e.version("restarts") >= 3)
+    ranks = running(e2e, "echorl.dev/job=restarts,echorl.dev/component=trainer")
+    assert len(ranks) == 2, [p["metadata"]["name"] for p in ranks]
 
-    def delete_one(component: str) -> str:
-        (pod,) = running(e2e, f"echorl.dev/job=restarts,echorl.dev/component={component}")[:1]
+    def delete_one(component: str, extra: str = "") -> str:
+        selector = f"echorl.dev/job=restarts,echorl.dev/component={component}{extra}"
+        (pod,) = running(e2e, selector)[:1]
         name = str(pod["metadata"]["name"])
         e2e.kubectl("delete", "pod", name, "--wait=false")
         at = e2e.version("restarts")
@@ -149,11 +162,7 @@ def test_deleting_a_worker_the_trainer_and_the_coordinator_mid_run_still_succeed
         # Replaced (a new pod Running), and the job keeps training past where it was.
         e2e.until(
             f"a new {component} pod",
-            lambda: [
-                p
-                for p in running(e2e, f"echorl.dev/job=restarts,echorl.dev/component={component}")
-                if p["metadata"]["name"] != name
-            ],
+            lambda: [p for p in running(e2e, selector) if p["metadata"]["name"] != name],
         )
         e2e.until(
             f"training past version {at} after the {component} restart",
@@ -162,7 +171,7 @@ def test_deleting_a_worker_the_trainer_and_the_coordinator_mid_run_still_succeed
         return name
 
     delete_one("inference")
-    delete_one("trainer")
+    delete_one("trainer", ",batch.kubernetes.io/job-completion-index=1")
     delete_one("coordinator")
     done = e2e.wait_condition("restarts", "Succeeded")
     status = e2e.job("restarts")["status"]
@@ -177,6 +186,11 @@ def test_deleting_a_worker_the_trainer_and_the_coordinator_mid_run_still_succeed
     assert created == sorted(created)
     cut_short = [v for v, p in versions.items() if p.folders - {p.data}]
     assert len(cut_short) <= 1, cut_short  # at most the publish the trainer was killed in
+    # Checkpoints written shard by shard: each rank uploaded its own part.
+    objects = e2e.store("restarts/")
+    last = max(published(objects, "restarts", "checkpoints"))
+    files = {f["name"] for f in objects[f"restarts/checkpoints/{last}/manifest.json"]["files"]}
+    assert {"state/__0_0.distcp", "state/__1_0.distcp", "state/metadata.dcp"} <= files, files
     # ttlSecondsAfterFinished: the children go, the EchoJob and its status stay.
     e2e.until(
         "children deleted by the TTL",

@@ -100,6 +100,9 @@ def trainer(
     signal.signal(signal.SIGTERM, _stop)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))  # not every request
+    from echo_runtime.runner import allocator
+
+    logging.getLogger("echo_runtime.trainer").info("memory allocator: %s", allocator.in_use())
     try:
         job = spec.load_job(job_path, name)
     except spec.ManifestError as exc:
@@ -122,11 +125,16 @@ def trainer(
     swarm = job.training_swarm
     if swarm.threads is not None:
         torch.set_num_threads(swarm.threads)
+    # The model is resolved (a built-in one built, a packaged one unpacked) before the process group
+    # exists: transformers then writes a model on rank 0 only, and each pod of a multi-node trainer
+    # builds into its own cache, so rank 1 would find an empty directory.
+    from echo_runtime.models import load as model_load
+
+    model_dir = model_load.resolve_spec(job.spec.model, job.spec.task)
     world = distributed.init_world(swarm.device)
     coordinator = coordinator_client.TrainerClient(url, token) if world.is_main else None
-    store = (
-        open_store(job.spec.storage, job.name, retention=job.sync_policy.retention) if world.is_main else None
-    )
+    # Every rank: each uploads and reads its own part of a checkpoint. Only rank 0 publishes versions.
+    store = open_store(job.spec.storage, job.name, retention=job.sync_policy.retention)
     reporter = _reporter(job, trackers, url, token) if world.is_main and trackers else None
     options = loop.LoopOptions(
         resume=resume,
@@ -137,7 +145,9 @@ def trainer(
         on_record=reporter.log if reporter is not None else None,
     )
     try:
-        result = loop.run(job, coordinator=coordinator, store=store, world=world, options=options)
+        result = loop.run(
+            job, coordinator=coordinator, store=store, world=world, options=options, model_dir=model_dir
+        )
     except (loop.ResumeRefused, coordinator_client.CoordinatorError, SnapshotError, TimeoutError) as exc:
         raise click.ClickException(str(exc)) from exc
     finally:

@@ -212,6 +212,11 @@ class ColocatedRun(local.LocalRun):
             raise local.RunError(
                 "mode Colocated runs in one process: set trainingSwarm.processesPerNode and nodes to 1"
             )
+        if self.job.training_swarm.strategy != "DDP":
+            raise local.RunError(
+                "mode Colocated samples and trains in one process with the whole model: "
+                "trainingSwarm.strategy FSDP shards it over trainer ranks; use mode Async or Sequential for it"
+            )
         # As LocalRun.start: the clock starts with the processes (model building/warm-up is set-up).
         self.t0 = time.time() - self.elapsed_before
         (self.dir / "run.json").write_text(

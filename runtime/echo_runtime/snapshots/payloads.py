@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +43,16 @@ class LoraAdapter:
     tensors: dict[str, torch.Tensor]
 
 
-def save_peft_adapter(model: Any, out_dir: str | os.PathLike[str]) -> Path:
-    """Write a ``peft.PeftModel``'s adapter (weights + config) to ``out_dir`` and return it."""
+def save_peft_adapter(
+    model: Any, out_dir: str | os.PathLike[str], state: Mapping[str, torch.Tensor] | None = None
+) -> Path:
+    """Write a ``peft.PeftModel``'s adapter (weights + config) to ``out_dir`` and return it; ``state``
+    (the model's parameters by name, whole) replaces the model's own tensors, as for a sharded model."""
     out = Path(out_dir)
-    model.save_pretrained(str(out), safe_serialization=True)
+    if state is None:
+        model.save_pretrained(str(out), safe_serialization=True)
+    else:
+        model.save_pretrained(str(out), safe_serialization=True, state_dict=dict(state))
     missing = [n for n in (ADAPTER_WEIGHTS, ADAPTER_CONFIG) if not (out / n).is_file()]
     if missing:
         raise RuntimeError(f"peft did not write {', '.join(missing)} into {out}")
@@ -108,34 +114,72 @@ def serialise_state_dict(
     ]
 
 
+def plan_files(
+    sizes: Sequence[tuple[str, int]], max_shard_bytes: int = DEFAULT_SHARD_BYTES
+) -> tuple[list[tuple[str, list[str]]], bytes | None]:
+    """Which tensors each file of a full state dict holds, from ``(name, bytes)`` in state-dict order:
+    ``[(file name, names)]`` and the index's bytes (None when one file holds them all). Files are filled
+    greedily; a tensor larger than the limit gets a file of its own."""
+    if max_shard_bytes < 1:
+        raise ValueError(f"max_shard_bytes: must be ≥ 1, got {max_shard_bytes}")
+    shards: list[list[str]] = [[]]
+    used = 0
+    for name, size in sizes:
+        if shards[-1] and used + size > max_shard_bytes:
+            shards.append([])
+            used = 0
+        shards[-1].append(name)
+        used += size
+    if len(shards) == 1:
+        return [(FULL_WEIGHTS, shards[0])], None
+    files = [
+        (f"model-{i:05d}-of-{len(shards):05d}.safetensors", names) for i, names in enumerate(shards, start=1)
+    ]
+    weight_map = {name: file for file, names in files for name in names}
+    index = {"metadata": {"total_size": sum(size for _, size in sizes)}, "weight_map": weight_map}
+    return files, json.dumps(index, indent=2).encode()
+
+
 def _plan(
     state_dict: Mapping[str, torch.Tensor], max_shard_bytes: int
 ) -> list[tuple[str, dict[str, torch.Tensor] | bytes]]:
     """File name → the tensors it holds (or, for the index, its bytes)."""
-    if max_shard_bytes < 1:
-        raise ValueError(f"max_shard_bytes: must be ≥ 1, got {max_shard_bytes}")
     tensors = storable(state_dict)
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    used = 0
-    for name, tensor in tensors.items():
-        size = tensor.numel() * tensor.element_size()
-        if shards[-1] and used + size > max_shard_bytes:
-            shards.append({})
-            used = 0
-        shards[-1][name] = tensor
-        used += size
-    if len(shards) == 1:
-        return [(FULL_WEIGHTS, shards[0])]
-    files: list[tuple[str, dict[str, torch.Tensor] | bytes]] = []
-    weight_map = {}
-    for i, shard in enumerate(shards, start=1):
-        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        files.append((name, shard))
-        weight_map.update(dict.fromkeys(shard, name))
-    total = sum(t.numel() * t.element_size() for t in tensors.values())
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    files.append((FULL_INDEX, json.dumps(index, indent=2).encode()))
-    return files
+    sizes = [(name, t.numel() * t.element_size()) for name, t in tensors.items()]
+    files, index = plan_files(sizes, max_shard_bytes)
+    planned: list[tuple[str, dict[str, torch.Tensor] | bytes]] = [
+        (file, {name: tensors[name] for name in names}) for file, names in files
+    ]
+    if index is not None:
+        planned.append((FULL_INDEX, index))
+    return planned
+
+
+def save_state_dict_streamed(
+    sizes: Sequence[tuple[str, int]],
+    fetch: Callable[[str], torch.Tensor],
+    out_dir: str | os.PathLike[str] | None,
+    *,
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+) -> list[Path]:
+    """:func:`save_state_dict`'s files, with each tensor asked of ``fetch`` only when its file is written
+    and let go after, so that at most one file's tensors are held at once (a sharded trainer gathers
+    them). ``out_dir`` None: every ``fetch`` is made and nothing written (the other ranks of a gather)."""
+    files, index = plan_files(sizes, max_shard_bytes)
+    out = Path(out_dir) if out_dir is not None else None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for file, names in files:
+        tensors = storable({name: fetch(name) for name in names})
+        if out is not None:
+            safetensors.torch.save_file(tensors, str(out / file), metadata=_METADATA)
+            written.append(out / file)
+        del tensors
+    if out is not None and index is not None:
+        (out / FULL_INDEX).write_bytes(index)
+        written.append(out / FULL_INDEX)
+    return written
 
 
 def load_state_dict(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:

@@ -117,9 +117,23 @@ class Series(Generic[M]):
         step: int,
         delta: manifest.Delta | None = None,
     ) -> M:
+        """Upload ``files`` and make them ``version`` (the module's protocol, steps 1–4)."""
+        items = collect(files)
+        data, seen = self._stage(version)
+        entries = self.upload_part(version, data, items)
+        return self.commit(
+            version, data, entries, kind=kind, base_model=base_model, step=step, delta=delta, _seen=seen
+        )
+
+    def stage(self, version: int) -> str:
+        """Step 1: refuse a ``version`` that is not newer than the latest; return a fresh data folder
+        for its files. Several writers (the ranks of a sharded trainer) may then :meth:`upload_part`
+        into it before one of them :meth:`commit` s the whole."""
+        return self._stage(version)[0]
+
+    def _stage(self, version: int) -> tuple[str, tuple[bytes, str]]:
         if version < 0:
             raise ValueError(f"{self.noun}: must be ≥ 0, got {version}")
-        items = collect(files)
         pointer = self.store.get_tagged(self.keys.latest)
         latest = self._parse_pointer(None if pointer is None else pointer[0])
         if latest is not None and version <= latest:
@@ -134,10 +148,44 @@ class Series(Generic[M]):
                 f"{self.store.location}; numbers are never reused",
                 version,
             )
-        data = f"{layout.DATA_PREFIX}{uuid.uuid4().hex[:16]}"
+        return f"{layout.DATA_PREFIX}{uuid.uuid4().hex[:16]}", pointer or _ABSENT
+
+    def upload_part(self, version: int, data: str, files: Files | list[tuple[str, Path]]) -> list[FileEntry]:
+        """Step 2 for one writer: upload ``files`` into ``data`` (from :meth:`stage`); returns their
+        entries for :meth:`commit`. A failed upload removes what it sent (best effort; whatever stays is
+        an orphan that garbage collection removes)."""
+        if not data.startswith(layout.DATA_PREFIX) or "/" in data:
+            raise ValueError(f"{self.noun} {version}: {data!r} is not a data folder name from stage()")
+        items = files if isinstance(files, list) else collect(files)
         keys = [self.keys.data(version, data, name) for name, _ in items]
         try:
-            entries = self._upload(items, keys)
+            return self._upload(items, keys)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.store.delete(keys)
+            raise
+
+    def commit(
+        self,
+        version: int,
+        data: str,
+        entries: Sequence[FileEntry],
+        *,
+        kind: manifest.Kind,
+        base_model: str,
+        step: int,
+        delta: manifest.Delta | None = None,
+        _seen: tuple[bytes, str] | None = None,
+    ) -> M:
+        """Steps 3–4: write the manifest of everything uploaded into ``data`` (every writer's entries)
+        with a create-only write, then move the ``latest`` pointer. Until this succeeds no reader sees
+        any of the files."""
+        names = [entry.name for entry in entries]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"{self.noun} {version}: two writers uploaded {', '.join(dupes)}")
+        keys = [self.keys.data(version, data, name) for name in names]
+        try:
             doc = self.doc.model_validate(
                 {
                     "version": version,
@@ -146,7 +194,7 @@ class Series(Generic[M]):
                     "step": step,
                     "created": manifest.now(),
                     "data": data,
-                    "files": entries,
+                    "files": sorted(entries, key=lambda entry: entry.name),
                     "delta": delta,
                     "format": 1 if delta is None else manifest.DELTA_FORMAT,
                 }
@@ -164,7 +212,7 @@ class Series(Generic[M]):
                 "this one was uploading; it keeps the other publisher's files",
                 version,
             )
-        self.advance(version, pointer or _ABSENT)
+        self.advance(version, _seen)
         return doc
 
     def advance(self, version: int, seen: tuple[bytes, str] | None = None) -> None:

@@ -4,8 +4,11 @@
 directory or an S3 bucket; both behave identically because all logic sits above the small
 :class:`~echo_runtime.snapshots.blobs.Blobs` interface. Who calls what:
 
-* trainer: :meth:`SnapshotStore.publish` after optimizer steps (raises if the version exists),
-  :meth:`~SnapshotStore.save_checkpoint` / :meth:`~SnapshotStore.load_latest_checkpoint`;
+* trainer: :meth:`SnapshotStore.publish` after optimizer steps (raises if the version exists); a
+  checkpoint from every rank at once: :meth:`~SnapshotStore.stage_checkpoint` (rank 0),
+  :meth:`~SnapshotStore.upload_checkpoint_part` (each rank), :meth:`~SnapshotStore.commit_checkpoint`
+  (rank 0), and :meth:`~SnapshotStore.fetch_checkpoint` on every rank to resume
+  (:meth:`~SnapshotStore.save_checkpoint` is the one-writer form of the three);
 * workers: :meth:`~SnapshotStore.pin` then :meth:`~SnapshotStore.fetch` (verified, cached) or
   :meth:`~SnapshotStore.fetch_latest` (fetch-if-newer);
 * coordinator: :meth:`~SnapshotStore.latest_version` to recover ``t_train`` after a restart;
@@ -22,12 +25,13 @@ import dataclasses
 import json
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from echo_runtime.snapshots import blobs, cache, errors, layout, retention, retry, series
 from echo_runtime.snapshots.local import LocalBlobs
-from echo_runtime.snapshots.manifest import CheckpointManifest, Delta, Manifest, SnapshotManifest
+from echo_runtime.snapshots.manifest import CheckpointManifest, Delta, FileEntry, Manifest, SnapshotManifest
 from echo_runtime.spec.policy import Retention
 from echo_runtime.spec.swarms import Storage
 
@@ -225,14 +229,36 @@ class SnapshotStore:
         newest ``retention.checkpoint_keep_last`` checkpoints."""
         doc = self._checkpoints.publish(step, files, kind="checkpoint", base_model=base_model, step=step)
         if prune:
-            self._checkpoints.collect_garbage(
-                self.retention.checkpoint_keep_last,
-                (),
-                self.blobs.now(),
-                DEFAULT_ORPHAN_GRACE_S,
-                dry_run=False,
-            )
+            self._prune_checkpoints()
         return doc
+
+    # A checkpoint written by several processes (the ranks of a sharded trainer, each its own shard):
+    # one stages the step, every one uploads its part, the one commits the entries of all.
+    def stage_checkpoint(self, step: int) -> str:
+        """Refuse a ``step`` that is not newer than the latest checkpoint; the data folder every writer
+        then uploads into (:meth:`upload_checkpoint_part`) before :meth:`commit_checkpoint`."""
+        return self._checkpoints.stage(step)
+
+    def upload_checkpoint_part(self, step: int, data: str, files: series.Files) -> list[FileEntry]:
+        """Upload one writer's files of checkpoint ``step`` into ``data``; invisible until committed."""
+        return self._checkpoints.upload_part(step, data, files)
+
+    def commit_checkpoint(
+        self, step: int, data: str, entries: Sequence[FileEntry], *, base_model: str = "", prune: bool = True
+    ) -> CheckpointManifest:
+        """Make checkpoint ``step`` visible with every writer's ``entries`` (then prune, as
+        :meth:`save_checkpoint`)."""
+        doc = self._checkpoints.commit(
+            step, data, entries, kind="checkpoint", base_model=base_model, step=step
+        )
+        if prune:
+            self._prune_checkpoints()
+        return doc
+
+    def _prune_checkpoints(self) -> None:
+        self._checkpoints.collect_garbage(
+            self.retention.checkpoint_keep_last, (), self.blobs.now(), DEFAULT_ORPHAN_GRACE_S, dry_run=False
+        )
 
     def checkpoints(self) -> list[int]:
         return self._checkpoints.versions()

@@ -225,6 +225,23 @@ class Tracking(SpecModel):
         return self
 
 
+class FSDP(SpecModel):
+    """How ``strategy: FSDP`` shards (PyTorch's FSDP2, ``fully_shard``)."""
+
+    mixed_precision: Bool = False
+    """On CUDA: compute the forward and backward in bfloat16 and reduce gradients in float32 (the
+    sharded parameters and the optimizer stay in the model's dtype). The trainer's recomputed
+    log-probs are then bfloat16's: set ``syncPolicy.maxLogprobMismatch`` for it (docs/sharding.md).
+    On CPU the model's dtype is used throughout."""
+    offload: Bool = False
+    """On CUDA: keep the sharded parameters, their gradients and the optimizer state in host memory,
+    copying each layer's to the GPU while it runs (larger models fit, steps are slower). Ignored on
+    CPU."""
+    reshard_after_forward: Bool = True
+    """Free each layer's gathered parameters after its forward and gather them again for its
+    backward (less memory, one more all-gather a layer); false keeps them in between."""
+
+
 class TrainingSwarmSpec(TemplatedPlacement):
     """The trainer's torch.distributed group; rank 0 publishes snapshots."""
 
@@ -257,6 +274,15 @@ class TrainingSwarmSpec(TemplatedPlacement):
     the adapter, which is small, and ignore it."""
     threads: Int | None = Field(default=None, ge=1, le=1024)
     """CPU threads per trainer process (torch); default: the process's share of the cores."""
+    strategy: Literal["DDP", "FSDP"] = "DDP"
+    """How the trainer's ranks hold the model. ``DDP``: each holds all of it, with its gradients and
+    optimizer state (DistributedDataParallel). ``FSDP``: each holds 1/N of them (PyTorch's FSDP2,
+    ``fully_shard`` on every decoder layer and the root) and gathers a layer's parameters only while
+    it runs: for models that do not fit one device. Both make the same update; checkpoints are the
+    same files either way, so a job may resume with another strategy or rank count
+    (docs/sharding.md)."""
+    fsdp: FSDP = Field(default_factory=FSDP)
+    """Settings of ``strategy: FSDP``."""
     tracking: Tracking = Field(default_factory=Tracking)
     """Experiment trackers (TensorBoard, MLflow, W&B, trackio) and the tables of sample completions."""
 

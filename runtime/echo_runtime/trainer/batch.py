@@ -10,6 +10,12 @@ Promises:
 * :func:`shard` splits the rollouts of a batch over data-parallel ranks deterministically and so that
   every rank gets the same number of slots (ranks with fewer rollouts get zero-weight fillers), which
   keeps DDP's collective calls in step.
+* :func:`by_tokens` forms micro-batches by a token budget instead (``algorithm.microBatchTokens``):
+  rollouts sorted by length, longest first, each micro-batch as many as fit the budget once padded,
+  spread over the ranks so that each has the same number of micro-batches (FSDP and DDP run one
+  collective per micro-batch) and about the same tokens. A rollout is never split; one longer than
+  the budget is a micro-batch alone. Which rollouts share a micro-batch does not change the loss
+  (token weights come from the whole batch), only the padding and the peak memory.
 """
 
 from __future__ import annotations
@@ -62,3 +68,56 @@ def micro_batches(slots: Sequence[Slot], size: int) -> list[list[Slot]]:
     if size < 1:
         raise ValueError(f"micro-batch size must be ≥ 1, got {size}")
     return [list(slots[i : i + size]) for i in range(0, len(slots), size)]
+
+
+def padded_tokens(rollouts: Sequence[Rollout]) -> int:
+    """The cells of one micro-batch as :func:`echo_runtime.trainer.policy.pack` lays it out: rows times
+    the longest prompt plus the longest completion."""
+    if not rollouts:
+        return 0
+    start = max(len(r.prompt_ids) for r in rollouts)
+    width = max(len(r.completion_ids) for r in rollouts)
+    return len(rollouts) * (start + width)
+
+
+def real_tokens(rollouts: Sequence[Rollout]) -> int:
+    """Prompt and completion ids of ``rollouts``: the cells of their micro-batch that are not padding."""
+    return sum(len(r.prompt_ids) + len(r.completion_ids) for r in rollouts)
+
+
+def by_tokens(slots: Sequence[Slot], budget: int, rank: int, world_size: int) -> list[list[Slot]]:
+    """Rank ``rank``'s micro-batches of ``slots`` under a budget of ``budget`` padded tokens each.
+
+    Deterministic (every rank computes the whole layout and takes its part): slots sorted by
+    prompt + completion length, longest first (ties in batch order); each micro-batch filled while its
+    :func:`padded_tokens` stay within ``budget``; the micro-batches dealt out longest-first to the rank
+    with the fewest tokens so far; ranks left with fewer micro-batches than the others get
+    zero-weight micro-batches of one filler slot (a copy of the shortest rollout) to keep in step.
+    """
+    if budget < 1:
+        raise ValueError(f"microBatchTokens must be ≥ 1, got {budget}")
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size), got rank={rank}, world_size={world_size}")
+    if not slots:
+        raise ValueError("cannot split an empty batch")
+    order = sorted(
+        range(len(slots)),
+        key=lambda i: (-(len(slots[i].rollout.prompt_ids) + len(slots[i].rollout.completion_ids)), i),
+    )
+    chunks: list[list[Slot]] = []
+    for i in order:
+        slot = slots[i]
+        if chunks and padded_tokens([s.rollout for s in [*chunks[-1], slot]]) <= budget:
+            chunks[-1].append(slot)
+        else:
+            chunks.append([slot])
+    loads = [0] * world_size
+    per_rank: list[list[list[Slot]]] = [[] for _ in range(world_size)]
+    for chunk in chunks:  # longest first: the greedy assignment balances the tokens well
+        target = min(range(world_size), key=lambda r: (loads[r], len(per_rank[r]), r))
+        per_rank[target].append(chunk)
+        loads[target] += padded_tokens([s.rollout for s in chunk])
+    most = max(len(mine) for mine in per_rank)
+    filler = dataclasses.replace(slots[order[-1]], filler=True)
+    mine = per_rank[rank]
+    return mine + [[filler] for _ in range(most - len(mine))]

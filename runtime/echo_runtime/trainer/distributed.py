@@ -10,6 +10,13 @@
   of floating-point additions. Only rank 0 talks to the coordinator and the snapshot store: it receives
   each batch and :meth:`World.broadcast` s it, and it alone publishes and checkpoints.
 * :class:`TorchCollective` all-reduces the step metrics, so every rank reports the same numbers.
+* ``strategy: FSDP`` (:func:`wrap`) shards instead of replicating: PyTorch's FSDP2 (``fully_shard``) on
+  every decoder layer (the classes the model names in ``_no_split_modules``) and then on the root, over
+  a one-dimensional device mesh of all ranks. The parameters become DTensors sharded on their first
+  dimension; each layer's are all-gathered for its forward and backward, and its gradients
+  reduce-scattered (averaged, as DDP's all-reduce is). So the update equals DDP's, and the single
+  process's, on the same batch. Every rank then takes part in every forward of the trained module,
+  and reading a full parameter (:func:`full_tensor`) is a collective too.
 """
 
 from __future__ import annotations
@@ -26,6 +33,22 @@ from echo_runtime.trainer.step import Collective
 
 T = TypeVar("T")
 DevicePreference = Literal["auto", "cpu", "cuda", "mps"]
+Strategy = Literal["DDP", "FSDP"]
+"""How the ranks hold the model: replicated (DDP) or sharded (FSDP2)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FSDP:
+    """FSDP2's settings (``strategy="FSDP"``)."""
+
+    mixed_precision: bool = False
+    """On CUDA, compute the forward and backward in bfloat16 and reduce gradients in float32 (the sharded
+    parameters and the optimizer stay in the model's dtype). On CPU the model's dtype is used throughout."""
+    offload: bool = False
+    """On CUDA, keep the sharded parameters, their gradients and the optimizer state in host memory and
+    copy each layer's to the GPU when it runs. Nothing to offload on CPU: ignored there."""
+    reshard_after_forward: bool = True
+    """Free each layer's gathered parameters after its forward (gathered again for its backward)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,22 +124,86 @@ def init_world(preference: DevicePreference = "auto", timeout_s: float = 1800.0)
 
 
 def shutdown(world: World) -> None:
-    """Leave the process group (a no-op in a world of one)."""
-    if world.backend is not None and dist.is_initialized():
+    """Leave the process group (and the group of one a sharded trainer alone made, :func:`shard`)."""
+    if dist.is_initialized():
         dist.destroy_process_group()
 
 
-def wrap(model: torch.nn.Module, world: World) -> torch.nn.Module:
-    """``model`` in DistributedDataParallel when the world has more than one rank, else itself.
+def wrap(
+    model: torch.nn.Module, world: World, strategy: Strategy = "DDP", fsdp: FSDP | None = None
+) -> torch.nn.Module:
+    """The module that trains ``model`` with ``strategy``.
 
-    DDP broadcasts rank 0's parameters at construction, so every rank starts from the same weights.
+    ``DDP``: ``model`` in DistributedDataParallel when the world has more than one rank, else ``model``
+    itself; DDP broadcasts rank 0's parameters at construction, so every rank starts from the same
+    weights. ``FSDP``: ``model`` itself, sharded in place (:func:`shard`), even in a world of one.
+    Build the optimizer after this: sharding replaces the parameters.
     """
+    if strategy == "FSDP":
+        return shard(model, world, fsdp or FSDP())
     if world.backend is None:
         return model
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [world.local_rank] if world.device.startswith("cuda") else None
     return DistributedDataParallel(model, device_ids=device_ids)
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's repeated blocks: modules whose class the model (or the one peft wraps) names in
+    ``_no_split_modules``, as Hugging Face models do (``Qwen3DecoderLayer``, ``LlamaDecoderLayer``)."""
+    names: set[str] = set()
+    for module in model.modules():
+        names.update(getattr(module, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(
+            f"strategy FSDP: {type(model).__name__} names no decoder layer class in _no_split_modules, "
+            "so Echo cannot tell which modules to shard one by one; use strategy DDP for it"
+        )
+    return layers
+
+
+def shard(model: torch.nn.Module, world: World, options: FSDP) -> torch.nn.Module:
+    """``fully_shard`` each decoder layer, then the root, over all ranks (in place; returns ``model``).
+
+    With a process group the mesh spans its ranks; a world of one gets a group of one of its own
+    (``gloo`` on CPU, ``nccl`` on CUDA), so a sharded trainer runs the same code alone. Mixed precision
+    (bfloat16 compute, float32 gradient reduction) and offloading apply on CUDA only.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    if world.backend is None and not dist.is_initialized():
+        _alone(world)
+    cuda = world.device.startswith("cuda")
+    mesh = init_device_mesh("cuda" if cuda else "cpu", (world.world_size,))
+    kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": options.reshard_after_forward}
+    if cuda and options.mixed_precision:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if cuda and options.offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy()
+    for layer in decoder_layers(model):
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def _alone(world: World) -> None:
+    """A process group of one (FSDP needs one even alone), on a free port of the loopback interface."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    backend = "nccl" if world.device.startswith("cuda") else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+
+
+def full_tensor(value: torch.Tensor) -> torch.Tensor:
+    """The whole of ``value``: a DTensor gathered from every rank (a collective), a tensor as it is."""
+    gather = getattr(value, "full_tensor", None)
+    return gather() if gather is not None else value
 
 
 class TorchCollective(Collective):

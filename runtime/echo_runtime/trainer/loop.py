@@ -51,6 +51,9 @@ import dataclasses
 import functools
 import json
 import logging
+import random
+import secrets
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -122,7 +125,13 @@ class Store(Protocol):
 
     def fetch_checkpoint(self, step: int, cache_dir: Any) -> Path: ...
 
-    def save_checkpoint(self, step: int, files: Any, *, base_model: str = "") -> Any: ...
+    def stage_checkpoint(self, step: int) -> str: ...
+
+    def upload_checkpoint_part(self, step: int, data: str, files: Any) -> list[Any]: ...
+
+    def commit_checkpoint(
+        self, step: int, data: str, entries: Sequence[Any], *, base_model: str = ""
+    ) -> Any: ...
 
 
 class ResumeRefused(RuntimeError):
@@ -153,6 +162,10 @@ class LoopOptions:
     collect: bool = True
     """Apply ``syncPolicy.retention`` to the store after each published version (:mod:`.collect`);
     False leaves every version in place (tests that read old versions back; a user sets ``keepLast``)."""
+    strategy: distributed.Strategy | None = None
+    """How the ranks hold the model (:func:`echo_runtime.trainer.distributed.wrap`), overriding
+    ``trainingSwarm.strategy``: ``FSDP`` shards it, and then every rank takes part in the log-prob
+    check, the export and the checkpoint."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,13 +200,28 @@ def run(
     interval = job.training_swarm.checkpoint_interval
     with tempfile.TemporaryDirectory(prefix="echorl-trainer-") as scratch:
         cache_dir = options.cache_dir or Path(scratch) / "cache"
-        trainer = Trainer.build(job, world, model_dir)
+        swarm = job.training_swarm
+        strategy = options.strategy or swarm.strategy
+        fsdp = distributed.FSDP(
+            mixed_precision=swarm.fsdp.mixed_precision,
+            offload=swarm.fsdp.offload,
+            reshard_after_forward=swarm.fsdp.reshard_after_forward,
+        )
+        trainer = Trainer.build(job, world, model_dir, strategy, fsdp)
+        sharded = trainer.policy.sharded
         start = resume_from_store(trainer, store, world, options.resume, cache_dir)
         if world.is_main and store is not None and options.metrics_path is not None:
             recover_record(store, options.metrics_path, start, cache_dir)
-        module = distributed.wrap(trainer.policy.model, world)
+        # FSDP shards the model in place (Trainer.build); DDP wraps it now, broadcasting rank 0's weights.
+        module = trainer.policy.model if sharded else distributed.wrap(trainer.policy.model, world)
         policy_rule = staleness.StalenessPolicy.from_spec(job.sync_policy)
-        if world.is_main and store is not None and job.sync_policy.logprob_checks_per_group > 0:
+        if sharded and job.sync_policy.logprob_checks_per_group > 0:
+            # Every rank checks (each forward is a collective) and keeps its own shards of the last
+            # Δmax versions; a version it lacks (right after a resume) every rank fetches from the store.
+            trainer.history = verify.History(
+                policy_rule.bound, functools.partial(_fetch_on_every_rank, store, cache_dir, world)
+            )
+        elif world.is_main and store is not None and job.sync_policy.logprob_checks_per_group > 0:
             trainer.history = verify.History(policy_rule.bound, functools.partial(_fetch, store, cache_dir))
         config = step.StepConfig.from_algorithm(algorithm)
         comm = distributed.collective(world)
@@ -292,17 +320,35 @@ def run(
                 record["rewardComponents"] = reward_components(batch)
                 if trainer.samples:
                     record["samples"], trainer.samples = trainer.samples, []
+                gathered: dict[str, Any] | None = None
+                streamed: tuple[Path | None, dict[str, Path]] | None = None
+                if sharded and trainer.policy.finetune == "Full" and trainer.delta_writer is None:
+                    # every rank: the model gathered and written one file at a time, into rank 0's folder
+                    into = (
+                        Path(tempfile.mkdtemp(dir=scratch, prefix=f"snapshot-{version}-")) if main else None
+                    )
+                    streamed = (into, trainer.policy.export_full_streamed(into))
+                elif sharded:
+                    gathered = gathered_snapshot(trainer, world)
                 if main:
                     assert store is not None and coordinator is not None and publisher is not None
                     blocked = time.perf_counter()
+                    written = streamed[1] if streamed is not None else None
                     if options.overlap_io:
-                        folder = Path(tempfile.mkdtemp(dir=scratch, prefix=f"snapshot-{version}-"))
-                        exported = export_version(trainer, folder, version, record)
+                        folder = (
+                            streamed[0]
+                            if streamed is not None and streamed[0] is not None
+                            else Path(tempfile.mkdtemp(dir=scratch, prefix=f"snapshot-{version}-"))
+                        )
+                        exported = export_version(trainer, folder, version, record, gathered, written)
                         published(publisher.submit(version, folder, exported))
                     else:
                         uploads[version] = publish_version(
-                            trainer, store, coordinator, version, scratch, record=record
-                        )
+                            trainer, store, coordinator, version, scratch, record=record, state=gathered,
+                            written=written,
+                        )  # fmt: skip
+                        if streamed is not None and streamed[0] is not None:
+                            shutil.rmtree(streamed[0], ignore_errors=True)
                         if collector is not None:
                             collector.published(version)
                     timings["publishSeconds"] = time.perf_counter() - blocked
@@ -358,10 +404,13 @@ class Trainer:
     delta_writer: deltas.Writer | None = None
     """Full fine-tuning with ``snapshotAnchorInterval``: versions between anchors go out as deltas."""
 
-    def check(self, batch: Batch, coordinator: Coordinator) -> tuple[Batch, verify.Checked | None]:
+    def check(
+        self, batch: Batch, coordinator: Coordinator | None, rng: random.Random | None = None
+    ) -> tuple[Batch, verify.Checked | None]:
         """Check ``batch``'s groups, each against the version it claims (:mod:`.verify`); quarantine the
-        workers caught, through the coordinator; return the batch without any group of a quarantined
-        worker or that could not be checked."""
+        workers caught, through the coordinator (none: a sharded trainer's other ranks, which only
+        compute); return the batch without any group of a quarantined worker or that could not be
+        checked. ``rng`` picks the rollouts checked (default: the system's randomness)."""
         batch = verify.without(batch, self.quarantined)
         sync = self.job.sync_policy
         if sync.logprob_checks_per_group == 0:
@@ -374,6 +423,7 @@ class Trainer:
             temperature=self.job.spec.algorithm.sampling.temperature,
             top_p=self.job.spec.algorithm.sampling.top_p,
             history=self.history,
+            rng=rng if rng is not None else verify.SYSTEM_RANDOM,
         )
         self.checks.add(checked)
         if checked.unverified:
@@ -388,18 +438,27 @@ class Trainer:
         for worker, worst in checked.caught().items():
             reason = verify.Checked.reason(worst, checked.bound, batch.version, checked.draw_bound)
             _log.error("quarantining worker %s: %s", worker, reason)
-            coordinator.quarantine(worker, reason, version=batch.version, mismatch=worst.mean_abs)
+            if coordinator is not None:
+                coordinator.quarantine(worker, reason, version=batch.version, mismatch=worst.mean_abs)
             self.quarantined.add(worker)
         for worker in sorted({c.worker for c in checked.groups if c.surprise is not None} - self.quarantined):
             verdict = self.checks.typicality[worker].verdict()  # keyless groups: judged over the run
             if verdict is not None:
                 _log.error("quarantining worker %s: %s", worker, verdict)
-                coordinator.quarantine(worker, verdict, version=batch.version)
+                if coordinator is not None:
+                    coordinator.quarantine(worker, verdict, version=batch.version)
                 self.quarantined.add(worker)
         return verify.without(batch, self.quarantined, checked.unverified), checked
 
     @classmethod
-    def build(cls, job: ResolvedJob, world: distributed.World, model_dir: str | None) -> Trainer:
+    def build(
+        cls,
+        job: ResolvedJob,
+        world: distributed.World,
+        model_dir: str | None,
+        strategy: distributed.Strategy = "DDP",
+        fsdp: distributed.FSDP | None = None,
+    ) -> Trainer:
         from echo_runtime.backends import sampling
         from echo_runtime.models import load as model_load
 
@@ -415,6 +474,16 @@ class Trainer:
             model_dir=path,
             gradient_checkpointing=spec.algorithm.gradient_checkpointing,
         )
+        if strategy == "FSDP":  # sharding replaces the parameters: before the optimizer is made
+            distributed.wrap(policy.model, world, "FSDP", fsdp)
+            if policy.reference is not None:  # the KL term's frozen base: sharded the same way
+                distributed.wrap(policy.reference, world, "FSDP", fsdp)
+            held = sum(getattr(p, "to_local", lambda p=p: p)().numel() for p in policy.model.parameters())
+            total = sum(p.numel() for p in policy.model.parameters())
+            _log.info(
+                "strategy FSDP: rank %d of %d holds %d of the model's %d parameters (%.1f %%)",
+                world.rank, world.world_size, held, total, 100.0 * held / max(total, 1),
+            )  # fmt: skip
         ckpt.seed_everything(spec.algorithm.seed + world.rank)
         optimizer = step.make_optimizer(policy.trainable_parameters(), spec.algorithm.learning_rate)
         tokenizer = model_load.load_tokenizer(path) if world.is_main else None
@@ -465,40 +534,30 @@ def _from_main(world: distributed.World, compute: Callable[[], T]) -> T:
 def resume_from_store(
     trainer: Trainer, store: Store | None, world: distributed.World, resume: bool, cache_dir: Path
 ) -> int:
-    """Load the resume point's state on rank 0, share it with every rank, and return its version."""
+    """Find the resume point on rank 0 and restore it on every rank; return its version.
 
-    def load() -> dict[str, Any]:
-        assert store is not None
-        return _load_resume_state(trainer, store, resume, cache_dir)
-
-    state = _from_main(world, load)
-    point: ckpt.ResumePoint = state["point"]
-    if not world.is_main and state.get("optimizer") is not None:
-        trainer.optimizer.load_state_dict(state["optimizer"])
-    rng = state.get("rng")
-    if rng is not None and world.rank < len(rng):
-        ckpt.restore_rng(rng[world.rank])
-    # Non-zero ranks get rank 0's weights when DDP wraps the model (it broadcasts them).
-    return point.version
-
-
-def _load_resume_state(trainer: Trainer, store: Store, resume: bool, cache_dir: Path) -> dict[str, Any]:
-    latest_checkpoint, latest_snapshot = store.latest_checkpoint(), store.latest_version()
-    if not resume and (latest_checkpoint is not None or latest_snapshot is not None):
-        raise ResumeRefused(
-            f"the snapshot store already holds this job's versions (latest snapshot {latest_snapshot}, "
-            f"latest checkpoint {latest_checkpoint}); pass --resume to continue from them, or use another "
-            f"job name or storage path to start over"
-        )
-    point = ckpt.resume_point(latest_checkpoint, latest_snapshot)
-    state: dict[str, Any] = {"point": point, "optimizer": None, "rng": None}
+    Every rank fetches what it restores from the store itself: a snapshot's weights (each rank keeps
+    its shards when sharded) and the checkpoint, which DCP reads each rank only the pieces of the
+    tensors it holds of, whatever the number of ranks that wrote it.
+    """
+    point = _from_main(world, lambda: _resume_point(_store(store, world), resume))
     if point.weights == "snapshot":
-        trainer.policy.load_snapshot(store.fetch(point.version, cache_dir / "snapshots"))
+        folder = _on_every_rank(
+            world, lambda: _store(store, world).fetch(point.version, cache_dir / "snapshots")
+        )
+        trainer.policy.load_snapshot(folder)
     if point.checkpoint is not None:
-        found = ckpt.read_checkpoint(store.fetch_checkpoint(point.checkpoint, cache_dir / "checkpoints"))
-        ckpt.apply_checkpoint(found, trainer.policy, trainer.optimizer, weights=point.weights == "checkpoint")
-        state["optimizer"], state["rng"] = found.optimizer, found.rng
-    if point.version > 0:
+        step = point.checkpoint
+        folder = _on_every_rank(
+            world, lambda: _store(store, world).fetch_checkpoint(step, cache_dir / "checkpoints")
+        )
+        meta = ckpt.load_state(
+            folder, trainer.policy, trainer.optimizer, weights=point.weights == "checkpoint"
+        )
+        rng = ckpt.rng_for_rank(meta, world.rank)
+        if rng is not None:
+            ckpt.restore_rng(rng)
+    if point.version > 0 and world.is_main:
         lag = (
             ""
             if point.checkpoint == point.version
@@ -509,7 +568,46 @@ def _load_resume_state(trainer: Trainer, store: Store, resume: bool, cache_dir: 
             )
         )
         _log.info("resuming at version %d (weights from %s%s)", point.version, point.weights, lag)
-    return state
+    return point.version
+
+
+def _resume_point(store: Store, resume: bool) -> ckpt.ResumePoint:
+    latest_checkpoint, latest_snapshot = store.latest_checkpoint(), store.latest_version()
+    if not resume and (latest_checkpoint is not None or latest_snapshot is not None):
+        raise ResumeRefused(
+            f"the snapshot store already holds this job's versions (latest snapshot {latest_snapshot}, "
+            f"latest checkpoint {latest_checkpoint}); pass --resume to continue from them, or use another "
+            f"job name or storage path to start over"
+        )
+    return ckpt.resume_point(latest_checkpoint, latest_snapshot)
+
+
+def _store(store: Store | None, world: distributed.World) -> Store:
+    if store is None:
+        raise RuntimeError(
+            f"rank {world.rank} has no snapshot store: every rank reads and writes its own part of a "
+            "checkpoint, so every rank needs the store"
+        )
+    return store
+
+
+def _on_every_rank(world: distributed.World, compute: Callable[[], T]) -> T:
+    """``compute()`` on every rank; if it fails on any, every rank raises (none is left waiting in a
+    collective the failed one never joins)."""
+    result: T | None = None
+    failure: _Failure | None = None
+    error: BaseException | None = None
+    try:
+        result = compute()
+    except Exception as exc:
+        error, failure = exc, _Failure(f"rank {world.rank}: {type(exc).__name__}: {exc}")
+    failures = world.gather(failure)
+    first = _from_main(world, lambda: next((f for f in failures or [] if f is not None), None))
+    if error is not None:
+        raise error
+    if first is not None:
+        raise RuntimeError(first.message)
+    return result  # type: ignore[return-value]
 
 
 def _next_batch(
@@ -526,30 +624,65 @@ def _next_batch(
     step), checks it against the current weights, and broadcasts it to every rank. ``step_seconds``, the
     trainer's own time for its last version, tells the coordinator the pace to plan generation for."""
 
-    def fetch() -> tuple[Batch, verify.Checked | None]:
-        assert coordinator is not None
-        pending = prefetched
-        while True:
-            if pending is not None:
-                reply, pending = pending.result(), None
-            else:
-                reply = coordinator.wait_batch(version, timeout=timeout, step_seconds=step_seconds)
-            if reply.version != version:
-                raise RuntimeError(f"asked for the batch at version {version}, got one for {reply.version}")
-            tracking = trainer.job.training_swarm.tracking
-            if tracking.samples_every and (version + 1) % tracking.samples_every == 0:
-                trainer.samples = tracking_samples(reply.groups, tracking.samples)
-            batch, checked = trainer.check(
-                convert.batch_in(version, reply.groups, trainer.encode), coordinator
-            )
-            if batch.groups:
-                return batch, checked
-            _log.warning(
-                "every group of the batch for version %d came from quarantined workers; asking for another",
-                version,
-            )
+    pending = [prefetched]
 
-    return _from_main(world, fetch)
+    def receive() -> Batch:
+        """Rank 0: the coordinator's batch for ``version``, not yet checked."""
+        assert coordinator is not None
+        if pending[0] is not None:
+            reply, pending[0] = pending[0].result(), None
+        else:
+            reply = coordinator.wait_batch(version, timeout=timeout, step_seconds=step_seconds)
+        if reply.version != version:
+            raise RuntimeError(f"asked for the batch at version {version}, got one for {reply.version}")
+        tracking = trainer.job.training_swarm.tracking
+        if tracking.samples_every and (version + 1) % tracking.samples_every == 0:
+            trainer.samples = tracking_samples(reply.groups, tracking.samples)
+        return convert.batch_in(version, reply.groups, trainer.encode)
+
+    def empty() -> None:
+        _log.warning(
+            "every group of the batch for version %d came from quarantined workers; asking for another",
+            version,
+        )
+
+    if not trainer.policy.sharded:
+
+        def fetch() -> tuple[Batch, verify.Checked | None]:
+            while True:
+                batch, checked = trainer.check(receive(), coordinator)
+                if batch.groups:
+                    return batch, checked
+                empty()
+
+        return _from_main(world, fetch)
+    # Sharded: each recomputation is a forward every rank runs, so every rank checks the batch rank 0
+    # received, choosing the same rollouts (a seed rank 0 draws from the system's randomness, which no
+    # worker sees); rank 0's verdict, the one it reported to the coordinator, is the one every rank keeps.
+    while True:
+        raw, seed = _from_main(world, lambda: (receive(), secrets.randbits(64)))
+        batch, checked = trainer.check(raw, coordinator if world.is_main else None, rng=random.Random(seed))
+        batch, checked, quarantined = world.broadcast((batch, checked, trainer.quarantined))
+        trainer.quarantined = set(quarantined)
+        if batch.groups:
+            return batch, checked
+        empty()
+
+
+def _fetch_on_every_rank(
+    store: Store | None, cache_dir: Path, world: distributed.World, version: int
+) -> Path | None:
+    """Snapshot ``version`` fetched by every rank of a sharded trainer, or None on every rank when any
+    could not have it (the ranks then agree to leave its groups unchecked, and out)."""
+    import torch
+
+    try:
+        folder: Path | None = _fetch(_store(store, world), cache_dir, version)
+    except Exception as exc:
+        _log.warning("rank %d cannot fetch version %d: %s", world.rank, version, exc)
+        folder = None
+    missing = distributed.collective(world).max(torch.tensor([0.0 if folder is not None else 1.0]))
+    return folder if float(missing[0]) == 0.0 else None
 
 
 def _fetch(store: Store, cache_dir: Path, version: int) -> Path:
@@ -582,26 +715,52 @@ def publish_version(
     scratch: str,
     *,
     record: dict[str, Any] | None = None,
+    state: dict[str, Any] | None = None,
+    written: dict[str, Path] | None = None,
 ) -> float:
     """Export, publish, then announce ``version`` (publish-then-pointer); returns the seconds it took.
-    ``record`` (the step's metrics) travels inside the snapshot as :data:`RECORD_FILE`."""
+    ``record`` (the step's metrics) travels inside the snapshot as :data:`RECORD_FILE`; ``state`` is
+    :func:`gathered_snapshot`'s for a sharded trainer."""
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=scratch, prefix=f"snapshot-{version}-") as out:
-        upload_version(trainer, store, version, export_version(trainer, Path(out), version, record))
+        upload_version(
+            trainer, store, version, export_version(trainer, Path(out), version, record, state, written)
+        )
     coordinator.announce(version)
     return time.perf_counter() - started
 
 
+def gathered_snapshot(trainer: Trainer, world: distributed.World) -> dict[str, Any]:
+    """A sharded trainer's weights made whole for its snapshot, on rank 0 (every rank calls: each tensor
+    is all-gathered in turn; the others get an empty dict): the trainable parameters of a LoRA policy,
+    the model's state dict when fine-tuning all of it with delta snapshots (which are computed from it;
+    without them, the loop writes the files as it gathers)."""
+    if trainer.policy.finetune == "LoRA":
+        return trainer.policy.gathered_trainable_state(keep=world.is_main)
+    return trainer.policy.gathered_model_state(keep=world.is_main)
+
+
 def export_version(
-    trainer: Trainer, folder: Path, version: int, record: dict[str, Any] | None = None
+    trainer: Trainer,
+    folder: Path,
+    version: int,
+    record: dict[str, Any] | None = None,
+    state: dict[str, Any] | None = None,
+    written: dict[str, Path] | None = None,
 ) -> Exported:
     """Write ``version`` (the policy's current weights, and the step's ``record``) into ``folder``: the
-    snapshot's files, and the delta they are when :attr:`Trainer.delta_writer` makes one."""
+    snapshot's files, and the delta they are when :attr:`Trainer.delta_writer` makes one. ``state``: the
+    whole weights a sharded trainer gathered (:func:`gathered_snapshot`) instead of the model's own;
+    ``written``: the snapshot's files a sharded Full trainer already wrote
+    (:meth:`~echo_runtime.trainer.policy.TrainablePolicy.export_full_streamed`)."""
     delta = None
-    if trainer.delta_writer is not None:
-        files, delta = trainer.delta_writer.export(version, trainer.policy.model.state_dict(), folder)
+    if written is not None:
+        files = dict(written)
+    elif trainer.delta_writer is not None:
+        weights = state if state is not None else trainer.policy.model.state_dict()
+        files, delta = trainer.delta_writer.export(version, weights, folder)
     else:
-        files = dict(trainer.policy.export_snapshot(folder))
+        files = dict(trainer.policy.export_snapshot(folder, state))
     if record is not None:
         path = folder / RECORD_FILE
         path.write_text(json.dumps(record, sort_keys=True), encoding="utf-8")
@@ -627,15 +786,36 @@ def upload_version(trainer: Trainer, store: Store, version: int, exported: Expor
 def checkpoint_version(
     trainer: Trainer, store: Store | None, world: distributed.World, version: int, scratch: str
 ) -> float:
-    """Save a checkpoint of ``version`` (weights, optimizer, every rank's RNG); returns the seconds."""
+    """Save a checkpoint of ``version`` shard by shard (:mod:`.checkpoint`); returns the seconds.
+
+    Every rank writes its part with DCP and uploads it into the folder rank 0 staged; rank 0 adds the
+    meta (every rank's RNG) and commits once all parts are in. A failure on any rank fails the
+    checkpoint on every rank, and nothing of it becomes visible."""
     started = time.perf_counter()
-    rng = world.gather(ckpt.capture_rng())
-    if world.is_main:
-        assert store is not None and rng is not None
-        with tempfile.TemporaryDirectory(dir=scratch, prefix=f"checkpoint-{version}-") as out:
-            ckpt.write_checkpoint(out, trainer.policy, trainer.optimizer, version, rng, trainer.base_model)
-            store.save_checkpoint(version, out, base_model=trainer.base_model)
-    world.barrier()
+    own = _store(store, world)
+    with tempfile.TemporaryDirectory(dir=scratch, prefix=f"checkpoint-{version}-") as out:
+        part = _on_every_rank(
+            world, lambda: ckpt.write_part(Path(out) / "part", trainer.policy, trainer.optimizer)
+        )
+        rng = world.gather(ckpt.capture_rng())
+        data = _from_main(world, lambda: own.stage_checkpoint(version))
+        if world.is_main:
+            assert rng is not None
+            part.update(
+                ckpt.write_meta(
+                    Path(out) / "meta", trainer.policy, trainer.optimizer, version, rng, trainer.base_model
+                )
+            )
+        entries = _on_every_rank(world, lambda: own.upload_checkpoint_part(version, data, part))
+        everything = world.gather(entries)
+
+        def commit() -> None:
+            assert everything is not None
+            own.commit_checkpoint(
+                version, data, [e for some in everything for e in some], base_model=trainer.base_model
+            )
+
+        _from_main(world, commit)
     return time.perf_counter() - started
 
 
@@ -719,6 +899,7 @@ def metrics_record(
         "dualClipFraction": metrics.dual_clip_fraction,
         "truncatedFraction": metrics.truncated_fraction,
         "rejectedFraction": metrics.rejected_fraction,
+        "paddingFraction": round(metrics.padding_fraction, 6),
         "entropy": metrics.entropy,
         "zeroSignalGroups": metrics.zero_signal_groups,
         "maskedRollouts": metrics.masked_rollouts,

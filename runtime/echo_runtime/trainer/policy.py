@@ -188,6 +188,11 @@ def full_logits_logprobs(module: torch.nn.Module, packed: Packed, temperature: f
     return values * packed.mask
 
 
+STREAM_SHARD_BYTES = 512 * 1024**2
+"""File size of a sharded Full snapshot (:meth:`TrainablePolicy.export_full_streamed`): what a rank
+holds whole at most while it is written."""
+
+
 class TrainablePolicy:
     """A causal LM being trained: LoRA through peft, or all weights."""
 
@@ -197,6 +202,12 @@ class TrainablePolicy:
         self.finetune: Finetune = finetune
         self.pad_id = pad_id
         self._reference = reference
+
+    @property
+    def reference(self) -> Any | None:
+        """The frozen copy of the base for the KL term of full fine-tuning (None for LoRA, whose
+        reference is the same network with its adapter off, or without a KL term)."""
+        return self._reference
 
     @property
     def device(self) -> torch.device:
@@ -216,8 +227,69 @@ class TrainablePolicy:
         """A CPU copy of the trainable parameters: what a checkpoint stores."""
         return {name: p.detach().to("cpu", copy=True).contiguous() for name, p in self.named_trainable()}
 
+    @property
+    def sharded(self) -> bool:
+        """Whether FSDP shards the parameters (DTensors): reading or setting whole ones is then a
+        collective every rank takes part in, in the same order."""
+        return any(hasattr(p, "full_tensor") for p in self.model.parameters())
+
+    def gathered_trainable_state(self, keep: bool = True) -> dict[str, torch.Tensor]:
+        """The whole trainable parameters as CPU tensors (:meth:`trainable_state`'s names and values, also
+        when sharded). Sharded, every rank must call it: each parameter is all-gathered in turn, so no
+        rank holds more than one whole parameter beyond what it keeps; ranks with ``keep`` False return
+        an empty dict."""
+        if not self.sharded:
+            return self.trainable_state() if keep else {}
+        out: dict[str, torch.Tensor] = {}
+        for name, param in self.named_trainable():
+            whole = param.detach().full_tensor()  # type: ignore[attr-defined]
+            if keep:
+                out[name] = whole.to("cpu", copy=True).contiguous()
+            del whole
+        return out
+
+    def gathered_model_state(self, keep: bool = True) -> dict[str, torch.Tensor]:
+        """``model.state_dict()`` with whole tensors on CPU (a Full snapshot), gathered from the shards
+        when sharded (every rank calls; those without ``keep`` get an empty dict)."""
+        if not self.sharded:
+            return dict(self.model.state_dict()) if keep else {}
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(
+            self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
+        return (
+            {name: value for name, value in state.items() if isinstance(value, torch.Tensor)} if keep else {}
+        )
+
+    def export_full_streamed(
+        self, directory: str | Path | None, max_shard_bytes: int | None = None
+    ) -> dict[str, Path]:
+        """A sharded Full policy's snapshot, gathered one file's tensors at a time (every rank calls;
+        ``directory`` None on the ranks that write nothing): the files of :meth:`export_snapshot`, in
+        files of at most ``max_shard_bytes`` with an index, so that no rank holds more than one file's
+        whole tensors on top of its shards."""
+        from echo_runtime.snapshots import payloads
+
+        state = self.model.state_dict()  # the ranks' shards (DTensors): nothing gathered yet
+        sizes = [(name, t.numel() * t.element_size()) for name, t in state.items()]
+
+        def fetch(name: str) -> torch.Tensor:
+            value = state[name].detach()
+            gather = getattr(value, "full_tensor", None)
+            whole: torch.Tensor = gather() if gather is not None else value
+            return whole.to("cpu")
+
+        limit = max_shard_bytes if max_shard_bytes is not None else STREAM_SHARD_BYTES
+        written = payloads.save_state_dict_streamed(sizes, fetch, directory, max_shard_bytes=limit)
+        return {path.name: path for path in written}
+
     def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None:
-        """Copy ``state`` (from :meth:`trainable_state`) into the parameters; the names must match exactly."""
+        """Copy ``state`` (from :meth:`trainable_state`) into the parameters; the names must match exactly.
+
+        Sharded parameters take either their own shards (a DTensor, as :meth:`trainable_state` returns
+        them then) or whole tensors, which rank 0's copy scatters to every rank (a collective: every rank
+        calls, the other ranks' values need only the right shape)."""
         params = dict(self.named_trainable())
         missing, unexpected = sorted(set(params) - set(state)), sorted(set(state) - set(params))
         if missing or unexpected:
@@ -231,7 +303,13 @@ class TrainablePolicy:
                     raise ValueError(
                         f"checkpoint tensor {name} has shape {tuple(state[name].shape)}, expected {tuple(param.shape)}"
                     )
-                param.copy_(state[name].to(param.dtype))
+                value = state[name].to(param.dtype)
+                if hasattr(param, "full_tensor") and not hasattr(value, "full_tensor"):
+                    from torch.distributed.tensor import distribute_tensor
+
+                    placed = value.to(param.device)
+                    value = distribute_tensor(placed, param.device_mesh, param.placements)  # type: ignore[attr-defined]
+                param.copy_(value)
 
     @torch.no_grad()
     def reference_logprobs(self, packed: Packed, temperature: float) -> torch.Tensor:
@@ -247,12 +325,16 @@ class TrainablePolicy:
     def snapshot_kind(self) -> Literal["lora", "full"]:
         return "lora" if self.finetune == "LoRA" else "full"
 
-    def export_snapshot(self, directory: str | Path) -> dict[str, Path]:
+    def export_snapshot(
+        self, directory: str | Path, state: dict[str, torch.Tensor] | None = None
+    ) -> dict[str, Path]:
         """Write this version's snapshot files into ``directory``; return ``{name: file}`` to publish.
 
         LoRA: ``adapter_config.json`` + ``adapter_model.safetensors`` (peft's ``save_pretrained``). Full:
         the state dict as ``model.safetensors`` (sharded with an index when large), through
         :mod:`echo_runtime.snapshots.payloads`, the store's one definition of the payload files.
+        ``state``: the whole tensors to write when the parameters are sharded — the trainable ones for
+        LoRA (:meth:`gathered_trainable_state`), the model's for Full (:meth:`gathered_model_state`).
         """
         from echo_runtime.snapshots import payloads
 
@@ -261,17 +343,47 @@ class TrainablePolicy:
         if self.finetune == "LoRA":
             with model_build.quiet_progress(), warnings.catch_warnings():
                 warnings.simplefilter("ignore", FutureWarning)
-                payloads.save_peft_adapter(self.model, out)
+                payloads.save_peft_adapter(self.model, out, state)
             names = [payloads.ADAPTER_CONFIG, payloads.ADAPTER_WEIGHTS]
             return {name: out / name for name in names}
-        written = payloads.save_state_dict(self.model.state_dict(), out)
+        written = payloads.save_state_dict(state if state is not None else self.model.state_dict(), out)
         return {path.name: path for path in written}
 
-    def load_snapshot(self, directory: str | Path) -> None:
-        """Set the trainable weights from a snapshot directory this policy exported (resuming)."""
+    def snapshot_trainable_state(self, directory: str | Path) -> dict[str, torch.Tensor]:
+        """A snapshot directory this policy exported, read as :meth:`trainable_state` names its tensors,
+        without touching the model (sharded, every rank reads it and keeps its shards: :meth:`load_snapshot`)."""
         from echo_runtime.snapshots import payloads
 
         folder = Path(directory)
+        names = [name for name, _ in self.named_trainable()]
+        if self.finetune == "LoRA":
+            from peft import get_peft_model_state_dict
+
+            # peft's file names for our parameters: map each parameter to the name peft saves it under.
+            params = dict(self.named_trainable())
+            saved = get_peft_model_state_dict(self.model, state_dict=params)
+            by_tensor = {id(tensor): key for key, tensor in saved.items()}
+            files = payloads.load_lora_adapter(folder).tensors
+            out = {
+                name: files[by_tensor[id(p)]] for name, p in params.items() if by_tensor.get(id(p)) in files
+            }
+        else:
+            full = payloads.load_state_dict(folder)
+            out = {name: full[name] for name in names if name in full}
+        missing = [name for name in names if name not in out]
+        if missing:
+            raise ValueError(f"snapshot {folder} lacks weights this policy trains: {missing[:3]}")
+        return out
+
+    def load_snapshot(self, directory: str | Path) -> None:
+        """Set the trainable weights from a snapshot directory this policy exported (resuming). Sharded,
+        every rank calls it with the same snapshot at hand and keeps its shards (a collective)."""
+        from echo_runtime.snapshots import payloads
+
+        folder = Path(directory)
+        if self.sharded:
+            self.load_trainable_state(self.snapshot_trainable_state(folder))
+            return
         if self.finetune == "LoRA":
             from peft import set_peft_model_state_dict
 

@@ -46,7 +46,7 @@ from echo_runtime.rollout import Batch, Group
 from echo_runtime.spec.objectives import Objective
 from echo_runtime.spec.policy import Algorithm
 from echo_runtime.trainer import loss
-from echo_runtime.trainer.batch import Slot, micro_batches
+from echo_runtime.trainer.batch import Slot, by_tokens, micro_batches, padded_tokens, real_tokens
 from echo_runtime.trainer.policy import (
     Packed,
     TrainablePolicy,
@@ -70,6 +70,9 @@ class StepConfig:
     temperature: float = 1.0
     """The sampling temperature: log-probs are ``log_softmax(logits / T)``, as the backends report them."""
     micro_batch_size: int = 8
+    micro_batch_tokens: int | None = None
+    """A token budget per micro-batch (padded cells), replacing ``micro_batch_size`` when set
+    (:func:`echo_runtime.trainer.batch.by_tokens`)."""
     max_grad_norm: float = MAX_GRAD_NORM
     learning_rate: float | None = None
     """The peak rate; None leaves the optimizer's own rate untouched (callers that manage it)."""
@@ -83,6 +86,7 @@ class StepConfig:
             objective=algorithm.objective(),
             temperature=algorithm.sampling.temperature,
             micro_batch_size=algorithm.micro_batch_size,
+            micro_batch_tokens=algorithm.micro_batch_tokens,
             learning_rate=algorithm.learning_rate,
             lr_schedule=algorithm.lr_schedule,
             min_learning_rate=algorithm.min_learning_rate,
@@ -317,6 +321,10 @@ class StepMetrics:
     """Rollouts left out of the loss because the length budget cut them (``overlong.maskTruncated``)."""
     reward_kl: float | None = None
     """With the KL in the reward: mean over rollouts of ``Σ_t k_t`` to the reference (before β)."""
+    padding_fraction: float = 0.0
+    """Of the token positions the step's forward passes computed (every rank's micro-batches, rows
+    times their longest prompt plus longest completion), the share that held no rollout's token:
+    padding, and the fillers that keep ranks in step. ``microBatchTokens`` lowers it."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -341,7 +349,10 @@ SINGLE = Collective()
 _LOSS, _KL, _CLIPPED, _TRUNCATED, _RATIO, _TOKENS, _ROLLOUTS, _LOW, _HIGH, _DUAL, _ENTROPY, _REJECTED = range(
     12
 )
-_SUMS = 12
+_MEASURED = 12
+"""The sums :func:`_accumulate` reads off the micro-batch's tensors; then the layout's own counts."""
+_CELLS, _PADDING = 12, 13
+_SUMS = 14
 _M_TOKENS, _M_ABS, _M_SEQS, _M_KL = range(4)
 
 
@@ -357,8 +368,9 @@ def train_step(
 ) -> StepMetrics:
     """One optimizer step over ``plan`` (see the module docstring); returns the global metrics.
 
-    ``module`` is what runs the forward pass: ``policy.model`` itself, or its DDP wrapper (whose
-    ``no_sync`` then defers the gradient all-reduce to the last micro-batch). ``shard`` picks this rank's
+    ``module`` is what runs the forward pass: ``policy.model`` itself (sharded in place by FSDP, which
+    reduce-scatters each micro-batch's gradients), or its DDP wrapper (whose ``no_sync`` then defers the
+    gradient all-reduce to the last micro-batch). ``shard`` picks this rank's
     slots (:func:`echo_runtime.trainer.batch.shard`); without it the rank processes every slot.
     """
     if not plan.slots:
@@ -369,8 +381,7 @@ def train_step(
     world = collective.world_size
     if o.kl_placement == "Reward" and o.kl_coef > 0:
         plan = with_reward_penalties(plan, _reward_penalties(policy, plan, config, collective, shard), o)
-    mine = shard(plan.slots, collective.rank, world) if shard is not None else list(plan.slots)
-    chunks = micro_batches(mine, config.micro_batch_size)
+    chunks = _chunks(plan.slots, config, collective, shard)
     device = policy.device
     index = {name: i for i, name in enumerate(plan.backends)}
     sums = torch.zeros(_SUMS, dtype=torch.float64)
@@ -383,6 +394,9 @@ def train_step(
     for i, chunk in enumerate(chunks):
         last = i == len(chunks) - 1
         packed = pack([s.rollout for s in chunk], policy.pad_id, device)
+        cells = padded_tokens([s.rollout for s in chunk])
+        sums[_CELLS] += cells
+        sums[_PADDING] += cells - real_tokens([s.rollout for s in chunk if not s.filler])
         live = torch.tensor([0.0 if s.filler or s.masked else 1.0 for s in chunk], device=device).unsqueeze(1)
         weights = (
             loss.token_weights(
@@ -423,6 +437,8 @@ def train_step(
         )
     params = policy.trainable_parameters()
     grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+    if hasattr(grad_norm, "full_tensor"):  # FSDP's sharded gradients: the norm is a replicated DTensor
+        grad_norm = grad_norm.full_tensor()
     rate = config.learning_rate_at(plan.version)
     if rate is not None:
         for group in optimizer.param_groups:
@@ -436,6 +452,21 @@ def train_step(
         plan, sums, per_backend, maxima, float(grad_norm), config, time.perf_counter() - started
     )
     return dataclasses.replace(metrics, learning_rate=rate)
+
+
+def _chunks(
+    slots: Sequence[Slot],
+    config: StepConfig,
+    collective: Collective,
+    shard: Callable[[Sequence[Slot], int, int], list[Slot]] | None,
+) -> list[list[Slot]]:
+    """This rank's micro-batches: by token budget when ``config`` has one, else ``micro_batch_size``
+    slots of its shard. Every rank gets as many as the others (fillers where it runs short)."""
+    rank, world = (collective.rank, collective.world_size) if shard is not None else (0, 1)
+    if config.micro_batch_tokens is not None:
+        return by_tokens(slots, config.micro_batch_tokens, rank, world)
+    mine = shard(slots, rank, world) if shard is not None else list(slots)
+    return micro_batches(mine, config.micro_batch_size)
 
 
 def _advantages(chunk: Sequence[Slot], packed: Packed, device: torch.device) -> torch.Tensor:
@@ -465,18 +496,20 @@ def _reward_penalties(
     n = len(plan.slots)
     width = max(1, max(s.rollout.model_tokens for s in plan.slots))
     table = torch.zeros(n, width, dtype=torch.float64)
-    world, rank = collective.world_size, collective.rank
-    mine = list(range(rank, n, world)) if shard is not None and world > 1 else list(range(n))
+    where = {id(slot): i for i, slot in enumerate(plan.slots)}  # fillers are copies: not in it
     device = policy.device
     with torch.no_grad():
-        for at in range(0, len(mine), config.micro_batch_size):
-            rows = mine[at : at + config.micro_batch_size]
-            packed = pack([plan.slots[i].rollout for i in rows], policy.pad_id, device)
+        # The step's own micro-batches: under FSDP every rank must run as many forwards as the others.
+        for chunk in _chunks(plan.slots, config, collective, shard):
+            packed = pack([s.rollout for s in chunk], policy.pad_id, device)
             own = completion_logprobs(policy.model, packed, config.temperature)
             ref = policy.reference_logprobs(packed, config.temperature)
             penalty = (o.kl_coef * loss.kl_penalty(own, ref, o.kl_estimator)).double().cpu()
             mask = packed.mask.bool().cpu()
-            for row, i in enumerate(rows):
+            for row, slot in enumerate(chunk):
+                i = where.get(id(slot))
+                if slot.filler or i is None:
+                    continue
                 values = penalty[row][mask[row]]
                 table[i, : values.numel()] = values
     table = collective.sum(table)
@@ -538,9 +571,9 @@ def _accumulate(
     ).double()
     rows = torch.stack([mask.sum(1), delta.sum(1), k3.sum(1), delta.max(1).values], dim=1).double()
     host = torch.cat([scalars, rows.flatten()]).cpu()
-    sums += host[:_SUMS]
-    maxima[0] = max(float(maxima[0]), float(host[_SUMS]))
-    first = _SUMS + 1
+    sums[:_MEASURED] += host[:_MEASURED]
+    maxima[0] = max(float(maxima[0]), float(host[_MEASURED]))
+    first = _MEASURED + 1
     for row, slot in enumerate(chunk):
         if slot.filler or slot.masked or slot.rollout.policy_version != version:
             continue
@@ -600,6 +633,7 @@ def _metrics(
         dual_clip_fraction=float(sums[_DUAL]) / tokens,
         entropy=float(sums[_ENTROPY]) / tokens,
         rejected_fraction=float(sums[_REJECTED]) / tokens,
+        padding_fraction=float(sums[_PADDING]) / max(1.0, float(sums[_CELLS])),
         zero_signal_groups=plan.zero_signal_groups,
         masked_rollouts=plan.masked_rollouts,
         reward_kl=plan.reward_kl,

@@ -53,7 +53,9 @@ from echo_runtime.rollout import Batch, Rollout
 from echo_runtime.trainer import typical
 from echo_runtime.trainer.policy import TrainablePolicy, completion_logits, pack
 
-_SYSTEM_RANDOM = secrets.SystemRandom()
+SYSTEM_RANDOM = secrets.SystemRandom()
+"""Where the rollouts a check recomputes are chosen: the operating system's randomness, which no worker
+sees."""
 DRAW_BOUND = 1e-3
 """How far (probability mass) a checked token's interval may miss its key's uniform before the token
 counts as not drawn: float32 backends miss by ≤ 1e-6 on rounding (8.6e-7 at worst on SmolLM2, 0 on the tiny
@@ -223,7 +225,7 @@ def check_batch(
     checks: int,
     bound: float,
     temperature: float,
-    rng: random.Random = _SYSTEM_RANDOM,
+    rng: random.Random = SYSTEM_RANDOM,
     max_rows: int = 16,
     history: History | None = None,
     top_p: float = 1.0,

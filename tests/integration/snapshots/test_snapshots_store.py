@@ -440,6 +440,43 @@ def test_checkpoints_live_beside_snapshots_with_their_own_retention(
     assert report.checkpoints_deleted == (20,) and store.checkpoints() == [30]
 
 
+def test_a_checkpoint_written_in_parts_is_invisible_until_committed_whole(
+    store: SnapshotStore, tmp_path: Path
+) -> None:
+    """The ranks of a sharded trainer each upload their part into the folder one staged; the commit of
+    every part's entries makes the checkpoint visible at once, and a killed rank's parts stay orphans."""
+    parts = []
+    for rank in (0, 1):
+        part = tmp_path / f"rank{rank}"
+        part.mkdir()
+        (part / f"__{rank}_0.distcp").write_bytes(content(rank, 0, 3000))
+        parts.append(part)
+    data = store.stage_checkpoint(5)
+    entries = [
+        e
+        for rank, part in enumerate(parts)
+        for e in store.upload_checkpoint_part(
+            5, data, {f"state/__{rank}_0.distcp": part / f"__{rank}_0.distcp"}
+        )
+    ]
+    assert store.checkpoints() == [] and store.latest_checkpoint() is None  # uploaded, not committed
+    store.commit_checkpoint(5, data, entries, base_model="m")
+    assert store.checkpoints() == [5]
+    fetched = store.fetch_checkpoint(5, tmp_path / "cache")
+    for rank in (0, 1):
+        assert (fetched / "state" / f"__{rank}_0.distcp").read_bytes() == content(rank, 0, 3000)
+    # Two parts naming the same file are refused; a step not newer than the latest is refused at stage.
+    again = store.stage_checkpoint(6)
+    twice = store.upload_checkpoint_part(6, again, {"state/__0_0.distcp": parts[0] / "__0_0.distcp"})
+    with pytest.raises(ValueError, match=r"two writers uploaded state/__0_0\.distcp"):
+        store.commit_checkpoint(6, again, twice + twice)
+    assert store.checkpoints() == [5]
+    with pytest.raises(errors.VersionExistsError, match="checkpoint 5 already exists"):
+        store.stage_checkpoint(5)
+    with pytest.raises(ValueError, match="not a data folder"):
+        store.upload_checkpoint_part(7, "../x", parts[0])
+
+
 # ---------------------------------------------------------------------------------------------
 # Payloads
 

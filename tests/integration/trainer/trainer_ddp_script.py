@@ -1,9 +1,9 @@
 """One rank of the data-parallel equivalence test (run by torchrun, or called in-process as a world of one).
 
 ``python trainer_ddp_script.py OUT_DIR MODEL_DIR``: on a fixed batch, one SGD step (the raw gradient)
-and then two AdamW steps, through exactly the trainer's code path (``distributed.wrap``, ``batch.shard``,
-``step.train_step`` with the all-reduce collective). Rank 0 writes the trainable parameters after each
-phase and the step metrics to ``OUT_DIR``. Then two versions of the whole loop (``loop.run``) against the
+and then two AdamW steps, through exactly the trainer's code path (:func:`step_phases`: ``distributed.wrap``,
+``batch.shard``, ``step.train_step`` with the all-reduce collective). Rank 0 writes the trainable
+parameters after each phase and the step metrics to ``OUT_DIR``. Then two versions of the whole loop (``loop.run``) against the
 scripted coordinator and a local store in ``OUT_DIR/store``; rank 0 writes what was published.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import random
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import safetensors.torch
@@ -53,20 +54,42 @@ def fixed_batch(version: int, seed: int) -> Batch:
     return Batch(version=version, groups=tuple(groups))
 
 
-def main(out_dir: str, model_dir: str) -> None:
-    world = distributed.init_world("cpu")
+def step_phases(
+    out: Path,
+    model_dir: str,
+    world: distributed.World,
+    finetune: str = "LoRA",
+    strategy: str = "DDP",
+    *,
+    checkpointing: bool = False,
+) -> None:
+    """One SGD step at rate 1 (1e-2 for Full: rate 1 on every weight would wreck the model for what
+    follows) — the parameters move by the raw gradient — then two AdamW steps, on the fixed batches,
+    through ``distributed.wrap`` with ``strategy``, ``batch.shard`` and ``step.train_step``. Each
+    optimizer is made after ``wrap``, as FSDP requires. Rank 0 writes the whole trainable parameters
+    after each phase (gathered from every rank when sharded), the step metrics, and what one rank holds
+    of the parameters against the model's total (``held.json``)."""
     torch.manual_seed(0)
-    spec = Model(finetune="LoRA", lora=LoRA(rank=4, alpha=8.0))
-    policy = load_policy(spec, model_dir=model_dir, device=world.device)
-    module = distributed.wrap(policy.model, world)
+    spec = Model(finetune=finetune, lora=LoRA(rank=4, alpha=8.0))  # type: ignore[arg-type]
+    # Full fine-tuning keeps a frozen reference for the KL term (sharded like the policy under FSDP).
+    policy = load_policy(
+        spec, model_dir=model_dir, device=world.device, with_reference=finetune == "Full",
+        gradient_checkpointing=checkpointing,
+    )  # fmt: skip
+    module = distributed.wrap(policy.model, world, strategy)  # type: ignore[arg-type]
+    if strategy == "FSDP" and policy.reference is not None:  # as Trainer.build shards it
+        distributed.wrap(policy.reference, world, "FSDP")
     comm = distributed.collective(world)
-    out = Path(out_dir)
-    records = []
-    phases = [
-        ("sgd", torch.optim.SGD(policy.trainable_parameters(), lr=1.0), [1], 1e9),
-        ("adamw", step.make_optimizer(policy.trainable_parameters(), 1e-2), [2, 3], 1.0),
+    local = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in policy.model.parameters())
+    total = sum(distributed.full_tensor(p.detach()).numel() for p in policy.model.parameters())
+    sgd_rate = 1.0 if finetune == "LoRA" else 1e-2
+    phases: list[tuple[str, Callable[[], torch.optim.Optimizer], list[int], float]] = [
+        ("sgd", lambda: torch.optim.SGD(policy.trainable_parameters(), lr=sgd_rate), [1], 1e9),
+        ("adamw", lambda: step.make_optimizer(policy.trainable_parameters(), 1e-2), [2, 3], 1.0),
     ]
-    for name, optimizer, versions, max_norm in phases:
+    records = []
+    for name, make, versions, max_norm in phases:
+        optimizer = make()
         for version in versions:
             batch = world.broadcast(fixed_batch(version, seed=version) if world.is_main else None)
             assert batch is not None
@@ -78,15 +101,36 @@ def main(out_dir: str, model_dir: str) -> None:
                 policy, optimizer, plan, config, module=module, collective=comm, shard=shard
             )
             records.append({k: v for k, v in metrics.to_dict().items() if k not in ("seconds", "mismatch")})
+        state = policy.gathered_trainable_state(keep=world.is_main)
         if world.is_main:
-            safetensors.torch.save_file(policy.trainable_state(), str(out / f"{name}.safetensors"))
+            safetensors.torch.save_file(state, str(out / f"{name}.safetensors"))
     if world.is_main:
         (out / "metrics.json").write_text(json.dumps(records))
+        reference = policy.reference
+        sharded_reference = reference is not None and all(
+            hasattr(p, "to_local") for p in reference.parameters()
+        )
+        (out / "held.json").write_text(
+            json.dumps(
+                {
+                    "local": local,
+                    "total": total,
+                    "shardedReference": sharded_reference,
+                    "checkpointing": bool(getattr(policy.model, "is_activation_checkpointing", False)),
+                }
+            )
+        )
+
+
+def main(out_dir: str, model_dir: str) -> None:
+    world = distributed.init_world("cpu")
+    out = Path(out_dir)
+    step_phases(out, model_dir, world)
 
     # The whole loop: rank 0 pulls and broadcasts batches, publishes and checkpoints (RNG of every rank).
     job = make_job(out, model_dir, interval=2, max_steps=2)
     is_main = world.is_main
-    store = open_store(job.spec.storage, job.name) if is_main else None
+    store = open_store(job.spec.storage, job.name)  # every rank: each writes its part of a checkpoint
     coordinator = ScriptedCoordinator() if is_main else None
     result = loop.run(job, coordinator=coordinator, store=store, world=world)
     if is_main:

@@ -1,6 +1,6 @@
 """Helpers shared by the loop tests and the torchrun script: a job manifest and a scripted coordinator.
 
-``make_job(root, model_dir, interval=2, max_steps=4, **sync)`` → a resolved EchoJob (LoRA rank 4 on the
+``make_job(root, model_dir, interval=2, max_steps=4, training_swarm=None, **sync)`` → a resolved EchoJob (LoRA rank 4 on the
 given model, 2 groups × 3 rollouts, micro-batches of 2, a small KL penalty, Async Δmax 1, a local store in
 ``root/store``). :class:`ScriptedCoordinator` serves deterministic batches per version and records what
 the trainer asked and announced.
@@ -27,6 +27,7 @@ def make_job(
     max_steps: int = 4,
     full: bool = False,
     anchor_interval: int | None = None,
+    training_swarm: dict[str, Any] | None = None,
     **sync: Any,
 ) -> spec.ResolvedJob:
     doc = {
@@ -42,7 +43,7 @@ def make_job(
             # The scripted batches' behaviour log-probs are made up: no log-prob check (trainer/verify.py).
             "syncPolicy": {"mode": "Async", "maxStaleness": 1, "logprobChecksPerGroup": 0, **sync},
             "storage": {"type": "Local", "path": str(root / "store")},
-            "trainingSwarm": {"checkpointInterval": interval, "device": "cpu"},
+            "trainingSwarm": {"checkpointInterval": interval, "device": "cpu", **(training_swarm or {})},
         },
     }  # fmt: skip
     if full:  # full fine-tuning, with delta snapshots when anchor_interval is given

@@ -45,6 +45,37 @@ def test_shards_respect_the_limit_and_the_index(tmp_path: Path, limit: int) -> N
     assert loaded.keys() == state.keys() and all(torch.equal(loaded[k], state[k]) for k in state)
 
 
+@pytest.mark.parametrize("limit", [1, 400, 1000, 10**9])
+def test_streamed_files_are_the_same_bytes_and_fetched_one_file_at_a_time(tmp_path: Path, limit: int) -> None:
+    """What a sharded trainer writes as it gathers: save_state_dict's files byte for byte, each tensor
+    asked for once, when its file is written."""
+    state = {f"layer.{i}": torch.full((25 * (i + 1),), float(i)) for i in range(6)}
+    state["head"] = state["layer.0"]  # tied: its own gather, as a sharded trainer's is
+    whole = payloads.save_state_dict(state, tmp_path / "whole", max_shard_bytes=limit)
+    asked: list[str] = []
+    files_when_asked: list[int] = []
+
+    def fetch(name: str) -> torch.Tensor:
+        asked.append(name)
+        files_when_asked.append(len(list((tmp_path / "streamed").glob("*.safetensors"))))
+        return state[name].clone()
+
+    sizes = [(name, t.numel() * t.element_size()) for name, t in state.items()]
+    streamed = payloads.save_state_dict_streamed(sizes, fetch, tmp_path / "streamed", max_shard_bytes=limit)
+    assert [f.name for f in streamed] == [f.name for f in whole]
+    assert all((tmp_path / "streamed" / f.name).read_bytes() == f.read_bytes() for f in whole)
+    assert asked == list(state)  # each once, in state-dict order
+    index = json.loads((tmp_path / "whole" / payloads.FULL_INDEX).read_text()) if limit < 10**9 else None
+    if index is not None:  # a file's tensors are asked for after the files before it are written
+        order = sorted(set(index["weight_map"].values()))
+        assert files_when_asked == [order.index(index["weight_map"][name]) for name in asked]
+    others: list[str] = []
+    nothing = payloads.save_state_dict_streamed(
+        sizes, lambda n: others.append(n) or state[n], None, max_shard_bytes=limit
+    )
+    assert nothing == [] and others == list(state)  # the ranks that write nothing gather all the same
+
+
 def test_shared_and_strided_tensors(tmp_path: Path) -> None:
     base = torch.randn(8, 8)
     state = {"embed": base, "head": base, "view": base[2:4], "t": base.t(), "step": base[:, ::2]}
