@@ -144,10 +144,12 @@ def trainer(
         batch_timeout_s=batch_timeout,
         on_record=reporter.log if reporter is not None else None,
     )
+    finished = False
     try:
         result = loop.run(
             job, coordinator=coordinator, store=store, world=world, options=options, model_dir=model_dir
         )
+        finished = True
     except (loop.ResumeRefused, coordinator_client.CoordinatorError, SnapshotError, TimeoutError) as exc:
         raise click.ClickException(str(exc)) from exc
     finally:
@@ -155,7 +157,7 @@ def trainer(
             reporter.close()
         if coordinator is not None:
             coordinator.close()
-        distributed.shutdown(world)
+        distributed.shutdown(world, together=finished)
     if world.is_main:
         click.echo(
             f"trainer: version {result.start_version} → {result.version} "

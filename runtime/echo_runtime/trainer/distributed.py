@@ -123,9 +123,17 @@ def init_world(preference: DevicePreference = "auto", timeout_s: float = 1800.0)
     return World(rank=rank, world_size=world_size, local_rank=local_rank, device=device, backend=backend)
 
 
-def shutdown(world: World) -> None:
-    """Leave the process group (and the group of one a sharded trainer alone made, :func:`shard`)."""
+def shutdown(world: World, together: bool = True) -> None:
+    """Leave the process group (and the group of one a sharded trainer alone made, :func:`shard`).
+
+    ``together`` (a normal end): wait at a barrier for every rank first, so no rank tears its gloo
+    connections down while a peer is still using the group (rank 0 still writing its files) — seen as a
+    rank aborting at exit ("terminate called without an active exception"). After a failure, leave at
+    once: a peer that died would hold the barrier for the group's whole timeout.
+    """
     if dist.is_initialized():
+        if together and world.world_size > 1:
+            dist.barrier()
         dist.destroy_process_group()
 
 
