@@ -56,6 +56,8 @@ class JobMemory:
     final_version: int | None = None
     restarts: int | None = None
     """``status.restarts`` as last written (None: read it from the job's status)."""
+    last_counted: str | None = None
+    """``status.lastCountedTrainer`` as last written (None: read it from the job's status)."""
     counted_jobs: set[str] = dataclasses.field(default_factory=set)
     """UIDs of failed trainer Jobs already acted on (their deletion takes a moment)."""
     store_credentials: storage.Credentials | None = None

@@ -28,7 +28,7 @@ from typing import Any
 
 import kopf
 
-from echo_operator import credentials, names, reconcile
+from echo_operator import credentials, leader, names, reconcile
 from echo_operator.config import Settings
 from echo_operator.kube import Kube, KubeError
 from echo_runtime import spec
@@ -67,10 +67,12 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         prefix=GROUP, key="last-handled-configuration"
     )
     settings.posting.enabled = False  # kopf would post a new Event per failed try; ours count repeats
-    settings.peering.standalone = True  # one replica (strategy Recreate in manifests/)
+    settings.peering.standalone = True  # replicas elect a leader over a Lease first (leader.py)
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 60
-    kube = Kube.from_environment()
+    elector = leader.current()
+    kube = Kube.from_environment(identity=elector.settings.identity if elector else "")
+    kube.fence = elector.is_leader if elector else None
     _state["reconciler"] = reconcile.Reconciler(kube, Settings.from_env())
     if not _may_scan(kube):
         # The namespaced install (manifests/namespaced/) grants no cluster-wide reads. kopf would retry

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client, config
@@ -35,6 +36,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("echorl.dev/v1alpha1", "SyncPolicy"): "syncpolicies",
     ("kueue.x-k8s.io/v1beta2", "Workload"): "workloads",
     ("kueue.x-k8s.io/v1beta2", "WorkloadPriorityClass"): "workloadpriorityclasses",
+    ("coordination.k8s.io/v1", "Lease"): "leases",
 }
 
 
@@ -77,16 +79,25 @@ class Kube:
 
     def __init__(self, api: client.ApiClient) -> None:
         self.api = api
+        self.fence: Callable[[], bool] | None = None
+        """When set (a replica elected leader, :mod:`echo_operator.leader`): asked before every write,
+        which is refused unless it answers True: a replica that lost its Lease writes nothing more."""
 
     @classmethod
-    def from_environment(cls) -> Kube:
-        """In-cluster service account if there is one, else ``$KUBECONFIG`` / ``~/.kube/config``."""
+    def from_environment(cls, identity: str = "") -> Kube:
+        """In-cluster service account if there is one, else ``$KUBECONFIG`` / ``~/.kube/config``.
+
+        ``identity`` (a replica's pod name) goes into the User-Agent of every request, so the API
+        server's audit log tells the replicas apart (they share a service account and field manager).
+        """
         try:
             config.load_incluster_config()
-            return cls(client.ApiClient())
+            api = client.ApiClient()
         except config.ConfigException:
             # The client reads $KUBECONFIG when it is imported; read it now instead.
-            return cls(config.new_client_from_config(config_file=os.environ.get("KUBECONFIG")))
+            api = config.new_client_from_config(config_file=os.environ.get("KUBECONFIG"))
+        api.user_agent = f"{names.MANAGER}/{identity}" if identity else names.MANAGER
+        return cls(api)
 
     def close(self) -> None:
         self.api.close()
@@ -100,6 +111,8 @@ class Kube:
         query: list[tuple[str, str]] | None = None,
         content_type: str = "application/json",
     ) -> Object:
+        if method != "GET" and self.fence is not None and not self.fence() and "selfsubject" not in url:
+            raise KubeError(0, "not written: this operator replica no longer holds the leader Lease", what)
         try:
             resp = self.api.call_api(
                 url,
@@ -182,6 +195,17 @@ class Kube:
             "POST",
             path(obj["apiVersion"], obj["kind"], meta.get("namespace")),
             f"create {obj['kind']} {meta.get('name') or meta.get('generateName', '')}",
+            body=obj,
+            query=[("fieldManager", names.MANAGER)],
+        )
+
+    def update(self, obj: Object) -> Object:
+        """PUT ``obj`` whole, guarded by its ``metadata.resourceVersion`` (a conflict is a 409)."""
+        meta = obj["metadata"]
+        return self._call(
+            "PUT",
+            path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"]),
+            f"update {obj['kind']} {meta['name']}",
             body=obj,
             query=[("fieldManager", names.MANAGER)],
         )

@@ -128,26 +128,37 @@ def follow_trainer(
     uid = current["metadata"]["uid"]
     if uid in mem.counted_jobs:
         return False
+    previous = body.get("status") or {}
     if mem.restarts is None:
-        mem.restarts = int((body.get("status") or {}).get("restarts") or 0)
+        mem.restarts = int(previous.get("restarts") or 0)
+    if mem.last_counted is None:
+        mem.last_counted = str(previous.get("lastCountedTrainer") or "")
     failure = progress = None
     if phase == "Failed":
         pods = ctx.kube.list("v1", "Pod", namespace, names.selector(name, "trainer"))
         failure = lifecycle.failure_of(current, [p for p in pods if context.owned_by(p, uid)])
     else:
         progress = read_progress(ctx, body, job)
+    # Counted already by an operator that stopped before it deleted this Job: decide as it did, count once.
+    before = mem.restarts - (1 if mem.last_counted == uid else 0)
     decision = lifecycle.decide(
-        phase, failure, progress, job.spec.algorithm.max_steps, mem.restarts, job.spec.backoff_limit
+        phase, failure, progress, job.spec.algorithm.max_steps, before, job.spec.backoff_limit
     )
     if decision.action == "Wait":
         return False
-    mem.counted_jobs.add(uid)
-    if decision.counted:
-        mem.restarts += 1
+    if decision.counted and mem.last_counted != uid:
+        # The count reaches status before anything is deleted, with the Job it counted: an operator that
+        # stops between the two neither loses the count nor counts the Job again.
+        ctx.kube.patch_status(
+            GV, "EchoJob", namespace, name, {"restarts": before + 1, "lastCountedTrainer": uid}
+        )
+        mem.restarts, mem.last_counted = before + 1, uid
     if decision.action == "Restart":
         ctx.events.post(body, "Warning", decision.reason, decision.message)
         ctx.kube.delete("batch/v1", "Job", namespace, names.trainer(name), uid=uid, propagation="Foreground")
+        mem.counted_jobs.add(uid)  # only now: a delete that failed is tried again at the next pass
         return False
+    mem.counted_jobs.add(uid)
     mem.outcome = lifecycle.Outcome(
         "Succeeded" if decision.action == "Succeed" else "Failed",
         decision.reason,

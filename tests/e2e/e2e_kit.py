@@ -147,7 +147,9 @@ class E2E:
                 "-n",
                 "echorl-system",
                 "logs",
-                "deploy/echorl-operator",
+                "-l",
+                "app.kubernetes.io/name=echorl-operator",  # both replicas: the leader's log and the other's
+                "--prefix",
                 "--tail=80",
                 namespaced=False,
                 check=False,

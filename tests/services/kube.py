@@ -216,6 +216,14 @@ class KubeApiServer:
     admin_user: str = ADMIN_USER
     unprivileged_user: str = UNPRIVILEGED_USER
 
+    # -- the audit log -------------------------------------------------------------------------
+    def audit(self) -> list[dict[str, Any]]:
+        """Every write the API server answered so far (its audit events, oldest first)."""
+        path = self.workdir / "audit.log"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
     # -- clients -----------------------------------------------------------------------------
     def kubectl(
         self,
@@ -392,8 +400,24 @@ def start_etcd(bin_dir: Path, workdir: Path, timeout: float = START_TIMEOUT_S) -
     return proc, client_url
 
 
+AUDIT_POLICY = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    verbs: [create, update, patch, delete]
+  - level: None
+"""
+"""Every write, at the Metadata level (who, with which User-Agent, what, when, the answer's code):
+what tests read to show which operator replica wrote what (:meth:`KubeApiServer.audit`)."""
+
+
 def apiserver_args(bin_dir: Path, pki: Pki, etcd_url: str, port: int, workdir: Path) -> list[str]:
-    """The kube-apiserver command line (envtest's flags, RBAC on, client-certificate auth)."""
+    """The kube-apiserver command line (envtest's flags, RBAC on, client-certificate auth, every write
+    audited to ``workdir/audit.log``)."""
+    policy = workdir / "audit-policy.yaml"
+    policy.write_text(AUDIT_POLICY)
     return [
         str(bin_dir / "kube-apiserver"),
         f"--etcd-servers={etcd_url}",
@@ -416,6 +440,10 @@ def apiserver_args(bin_dir: Path, pki: Pki, etcd_url: str, port: int, workdir: P
         "--endpoint-reconciler-type=none",
         "--enable-priority-and-fairness=false",
         "--profiling=false",
+        f"--audit-policy-file={policy}",
+        f"--audit-log-path={workdir / 'audit.log'}",
+        "--audit-log-format=json",
+        "--audit-log-mode=blocking",  # an event is in the file before the write is answered
         "--v=1",
     ]
 

@@ -116,6 +116,10 @@ class EchoJobStatus(SpecModel):
     """RFC 3339 time the job Succeeded: the final version and its checkpoint were in the store."""
     restarts: int = 0
     """Trainer failures counted against ``spec.backoffLimit`` (each restarted every rank)."""
+    last_counted_trainer: str | None = None
+    """The UID of the trainer Job whose failure ``restarts`` counted last: written with ``restarts`` before
+    that Job is deleted, so an operator that stops between the two neither loses the count nor counts it
+    twice."""
     conditions: list[Condition] = Field(default_factory=list, json_schema_extra=_MAP_BY_TYPE)
     """Ready, Progressing, StalenessBounded, LearningSignal, Degraded, Suspended; Succeeded or Failed at the
     end."""

@@ -30,6 +30,17 @@ def eventually(fn: Callable[[], T], timeout: float = 30.0, interval: float = 0.1
             time.sleep(interval)
 
 
+def until(fn: Callable[[], T | bool | None], timeout: float = 30.0) -> T:
+    """``fn()`` once it returns something true (``eventually`` waits only for it to stop raising)."""
+
+    def truthy() -> T:
+        value = fn()
+        assert value, "not yet"
+        return value  # type: ignore[return-value]
+
+    return eventually(truthy, timeout=timeout, interval=0.3)
+
+
 def kubectl_ok(kube: KubeApiServer, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
     proc = kube.kubectl(*args, input=input)
     if proc.returncode != 0:

@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from kopf.testing import KopfRunner
-from operator_kit import apply, condition, eventually, get, kubectl_ok, reasons
+from operator_kit import apply, condition, get, kubectl_ok, reasons, until
 
 from services.kube import KubeApiServer
 from services.kueue import Kueue, queues
@@ -39,20 +39,6 @@ spec:
   inferenceSwarms:
   - {{name: cpu, replicas: 1, resources: {{requests: {{cpu: 500m, memory: 256Mi}}}}}}
 """
-
-
-T = TypeVar("T")
-
-
-def until(fn: Callable[[], T | bool | None], timeout: float = 30.0) -> T:
-    """``fn()`` once it returns something true (``eventually`` waits only for it to stop raising)."""
-
-    def truthy() -> T:
-        value = fn()
-        assert value, "not yet"
-        return value  # type: ignore[return-value]
-
-    return eventually(truthy, timeout=timeout, interval=0.3)
 
 
 def workload(kube: KubeApiServer, ns: str, name: str) -> dict[str, Any]:

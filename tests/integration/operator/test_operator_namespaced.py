@@ -48,7 +48,10 @@ def test_the_namespaced_install_grants_nothing_cluster_wide(kube_apiserver: Kube
     kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
     assert not [k for k in kinds if k[0] == "ClusterRoleBinding"], sorted(kinds)
     assert ("ClusterRole", "echorl-operator-discovery") not in kinds
-    (binding,) = [d for d in docs if d["kind"] == "RoleBinding"]
+    # One RoleBinding per watched namespace, and one in echorl-system for the leader election's Lease.
+    (lease,) = [d for d in docs if d["kind"] == "RoleBinding" and d["metadata"]["namespace"] == "echorl-system"]
+    assert lease["roleRef"]["kind"] == "Role" and lease["roleRef"]["name"] == "echorl-leader-election"
+    (binding,) = [d for d in docs if d["kind"] == "RoleBinding" and d is not lease]
     assert binding["metadata"]["namespace"] == "echorl-jobs"
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
@@ -82,7 +85,11 @@ def scoped_kubeconfig(
     kube_apiserver: KubeApiServer, echorl_system: None, kube_namespace: str, tmp_path: pathlib.Path
 ) -> Iterator[pathlib.Path]:
     """A service account bound to the operator's rules by watched.yaml's RoleBinding, in the test's namespace."""
-    (binding,) = [d for d in built(kube_apiserver, NAMESPACED) if d["kind"] == "RoleBinding"]
+    (binding,) = [
+        d
+        for d in built(kube_apiserver, NAMESPACED)
+        if d["kind"] == "RoleBinding" and d["roleRef"]["name"] == "echorl-operator"
+    ]
     binding["metadata"]["namespace"] = kube_namespace
     binding["subjects"] = [{"kind": "ServiceAccount", "name": ACCOUNT, "namespace": "echorl-system"}]
     kubectl_ok(kube_apiserver, "create", "serviceaccount", ACCOUNT, "-n", "echorl-system")

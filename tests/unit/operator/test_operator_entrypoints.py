@@ -140,6 +140,21 @@ def test_the_operator_deployment_runs_valid_kopf_options() -> None:
     assert ctx.params["liveness_endpoint"] == "http://0.0.0.0:8080/healthz"
 
 
+def test_the_operator_runs_replicas_that_elect_a_leader_and_keep_one_through_a_drain() -> None:
+    docs = list(yaml.safe_load_all((REPO / "manifests" / "common" / "operator.yaml").read_text()))
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    (pdb,) = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    spec = deployment["spec"]
+    (container,) = spec["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+    assert spec["replicas"] >= 2 and spec["strategy"]["type"] == "RollingUpdate"
+    assert spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    assert env["ECHORL_LEADER_ELECTION"] == "true"
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}  # each replica's identity
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
+
+
 def entrypoint(dockerfile: pathlib.Path) -> tuple[list[str], list[str]]:
     text = dockerfile.read_text()
     found: dict[str, list[str]] = {}

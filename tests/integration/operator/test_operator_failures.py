@@ -1,0 +1,127 @@
+"""A trainer failure is counted once, whatever happens to the operator in between: the count reaches
+the EchoJob's status (with the failed Job's UID) before the Job is deleted. Against the real API server:
+an operator whose service account may not delete Jobs is stopped after the count (as if killed between
+the two); the next operator deletes the Job and does not count it again.
+
+envtest runs no kubelet or Job controller: the test marks the trainer Job Failed through its status, as
+the Job controller would, and removes the foreground-deletion finalizer, as the garbage collector would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kopf.testing import KopfRunner
+from operator_kit import apply, get, kubectl_ok, reasons, service_account_kubeconfig, until
+
+from services.kube import KubeApiServer
+
+pytestmark = [pytest.mark.services, pytest.mark.usefixtures("delete_jobs")]
+
+
+def job(storage: str) -> str:
+    return f"""
+apiVersion: echorl.dev/v1alpha1
+kind: EchoJob
+metadata: {{name: flaky}}
+spec:
+  model: {{path: echorl:tiny}}
+  storage: {storage}
+  backoffLimit: 3
+  inferenceSwarms: [{{name: cpu, replicas: 1}}]
+"""
+
+
+def fail(kube: KubeApiServer, namespace: str, name: str) -> None:
+    """What the Job controller writes when a Job runs out of retries."""
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    conds = [
+        {"type": t, "status": "True", "reason": "BackoffLimitExceeded", "message": "Job has reached the "
+         "specified backoff limit", "lastTransitionTime": now}
+        for t in ("FailureTarget", "Failed")
+    ]  # fmt: skip
+    status = {"status": {"startTime": now, "failed": 1, "conditions": conds}}
+    kubectl_ok(kube, "patch", "job", name, "-n", namespace, "--subresource=status", "--type=merge",
+               "-p", json.dumps(status))  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def no_delete_kubeconfig(kube_apiserver: KubeApiServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The operator's rules without ``delete`` on Jobs, for a service account of its own."""
+    role = kube_apiserver.kubectl_json("get", "clusterrole", "echorl-operator")
+    for rule in role["rules"]:
+        if "jobs" in rule.get("resources", []):
+            rule["verbs"] = [v for v in rule["verbs"] if v != "delete"]
+    docs = [
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {"name": "operator-no-delete", "namespace": "echorl-system"}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": "operator-no-delete"}, "rules": role["rules"]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": "operator-no-delete"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "operator-no-delete"},
+         "subjects": [{"kind": "ServiceAccount", "name": "operator-no-delete", "namespace": "echorl-system"}]},
+    ]  # fmt: skip
+    kubectl_ok(kube_apiserver, "apply", "-f", "-", input=yaml.safe_dump_all(docs))
+    path = tmp_path_factory.mktemp("no-delete") / "kubeconfig"
+    return service_account_kubeconfig(kube_apiserver, "echorl-system", "operator-no-delete", path)
+
+
+def test_a_counted_failure_survives_an_operator_stopped_before_the_delete_and_is_counted_once(
+    kube_apiserver: KubeApiServer,
+    kube_namespace: str,
+    start_operator: Callable[..., contextlib.AbstractContextManager[KopfRunner]],
+    no_delete_kubeconfig: Path,
+    storage_secret: str,
+    bucket: str,
+    storage_yaml: Callable[..., str],
+) -> None:
+    kube, ns = kube_apiserver, kube_namespace
+    trainer = "flaky-trainer"
+
+    with start_operator(kubeconfig=no_delete_kubeconfig):
+        apply(kube, ns, job(storage_yaml(bucket)))
+        first = until(lambda: get_or_none(kube, ns, trainer))
+        uid = first["metadata"]["uid"]
+        fail(kube, ns, trainer)
+        # Counted in status while the failed Job is still there (this operator cannot delete it).
+        status = until(lambda: counted(kube, ns, uid))
+        assert status["restarts"] == 1
+        until(lambda: "ReconcileFailed" in reasons(kube, ns, "flaky") or "TrainerFailed"
+                   in reasons(kube, ns, "flaky"))  # fmt: skip
+        assert get(kube, ns, "job", trainer)["metadata"]["uid"] == uid
+        assert not get(kube, ns, "job", trainer)["metadata"].get("deletionTimestamp")
+
+    # A new operator (the operator's own rules): it deletes the failed Job, and does not count it again.
+    with start_operator():
+        deleting = until(lambda: get(kube, ns, "job", trainer)["metadata"].get("deletionTimestamp"))
+        assert deleting
+        kubectl_ok(kube, "patch", "job", trainer, "-n", ns, "--type=json",
+                   "-p", '[{"op": "remove", "path": "/metadata/finalizers"}]')  # fmt: skip
+        second = until(lambda: (j := get_or_none(kube, ns, trainer)) and j["metadata"]["uid"] != uid and j)
+        assert second["metadata"]["uid"] != uid
+        status = get(kube, ns, "echojob", "flaky")["status"]
+        assert status["restarts"] == 1 and status["lastCountedTrainer"] == uid
+
+        # Its own failure is the second.
+        fail(kube, ns, trainer)
+        status = until(lambda: counted(kube, ns, second["metadata"]["uid"]))
+        assert status["restarts"] == 2
+
+
+def counted(kube: KubeApiServer, ns: str, uid: str) -> dict[str, Any] | None:
+    """The EchoJob's status once it counted the trainer Job ``uid``."""
+    status: dict[str, Any] = get(kube, ns, "echojob", "flaky").get("status") or {}
+    return status if status.get("lastCountedTrainer") == uid else None
+
+
+def get_or_none(kube: KubeApiServer, ns: str, name: str) -> dict[str, Any] | None:
+    proc = kube.kubectl("get", "job", name, "-n", ns, "-o", "json")
+    return json.loads(proc.stdout) if proc.returncode == 0 else None
