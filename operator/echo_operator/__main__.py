@@ -39,11 +39,12 @@ def _run_kopf(args: list[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from echo_operator import leader
+    from echo_operator import leader, metrics
 
     args = kopf_argv(sys.argv[1:] if argv is None else argv)
     try:
         settings = leader.Settings.from_env()
+        metrics.port_from_env()
     except ValueError as exc:
         print(f"echorl operator: {exc}", file=sys.stderr)
         return 2
@@ -53,13 +54,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _lead_then_run(settings: leader.Settings, args: list[str]) -> int:
-    from echo_operator import leader
+    from echo_operator import leader, metrics
     from echo_operator.kube import Kube
 
     logging.basicConfig(
         level=logging.INFO, format="[%(asctime)s] %(name)-20.20s [%(levelname)-8.8s] %(message)s"
     )
     elector = leader.Elector(Kube.from_environment(identity=settings.identity), settings)
+    metrics.STATE.leader = elector.is_leader  # a follower's /metrics says 0
+    metrics.serve(metrics.port_from_env())
     address = leader.liveness_address(args)
     health = leader.serve_health(address) if address is not None else None
     log.info("leader election: %s asks for Lease %s/%s", settings.identity, settings.namespace, settings.name)

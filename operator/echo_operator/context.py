@@ -89,10 +89,28 @@ class Context:
         with self._memory_lock:
             self._memory.pop((namespace, name), None)
 
+    def phases(self) -> dict[str, int]:
+        """How many of the jobs this operator follows are in each phase (its ``/metrics``)."""
+        with self._memory_lock:
+            jobs = list(self._memory.values())
+        counts: dict[str, int] = {}
+        for mem in jobs:
+            counts[phase_of(mem)] = counts.get(phase_of(mem), 0) + 1
+        return counts
+
     def fault(self, body: Mapping[str, Any], reason: str, message: str) -> Faults:
         """Post the problem as a Warning Event; return it to be raised."""
         self.events.post(body, "Warning", reason, message)
         return Faults([status_mod.Fault(reason, message)])
+
+
+def phase_of(mem: JobMemory) -> str:
+    """Pending (not reconciled into processes yet), Running, Suspended, Succeeded or Failed."""
+    if mem.outcome is not None:
+        return mem.outcome.type
+    if mem.job is None:
+        return "Pending"
+    return "Suspended" if mem.job.suspended else "Running"
 
 
 def now() -> datetime.datetime:

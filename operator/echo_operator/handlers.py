@@ -28,7 +28,7 @@ from typing import Any
 
 import kopf
 
-from echo_operator import credentials, leader, names, reconcile
+from echo_operator import credentials, leader, metrics, names, reconcile
 from echo_operator.config import Settings
 from echo_operator.kube import Kube, KubeError
 from echo_runtime import spec
@@ -46,17 +46,33 @@ def _reconciler() -> reconcile.Reconciler:
         raise kopf.TemporaryError("the operator is still starting", delay=1) from None
 
 
-async def _run(fn: Any, *args: Any, about: dict[str, Any] | None = None) -> Any:
-    """Run a blocking reconciler call off the event loop; API failures become kopf retries.
+async def _run(fn: Any, *args: Any, kind: str, about: dict[str, Any] | None = None) -> Any:
+    """Run a blocking reconciler call off the event loop (:func:`_timed`); API failures become kopf
+    retries.
 
     With ``about`` (the EchoJob), a failure is also a ``ReconcileFailed`` Warning Event on it.
     """
     try:
-        return await asyncio.to_thread(fn, *args)
+        return await _timed(kind, fn, *args)
     except KubeError as exc:
         if about is not None:
             _reconciler().event(about, "Warning", "ReconcileFailed", f"will retry: {exc}")
         raise kopf.TemporaryError(str(exc), delay=5) from exc
+
+
+async def _timed(kind: str, fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` off the event loop, timed and counted by ``kind`` (the operator's ``/metrics``); a
+    KubeError is counted as an error and raised."""
+    started = time.monotonic()
+    try:
+        found = await asyncio.to_thread(fn, *args)
+    except KubeError:
+        metrics.RECONCILES.labels(kind, "error").inc()
+        raise
+    finally:
+        metrics.RECONCILE_SECONDS.labels(kind).observe(time.monotonic() - started)
+    metrics.RECONCILES.labels(kind, "ok").inc()
+    return found
 
 
 @kopf.on.startup()
@@ -74,6 +90,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     kube = Kube.from_environment(identity=elector.settings.identity if elector else "")
     kube.fence = elector.is_leader if elector else None
     _state["reconciler"] = reconcile.Reconciler(kube, Settings.from_env())
+    metrics.STATE.phases = _state["reconciler"].ctx.phases
+    metrics.STATE.leader = elector.is_leader if elector else lambda: True
+    metrics.serve(metrics.port_from_env())
     if not _may_scan(kube):
         # The namespaced install (manifests/namespaced/) grants no cluster-wide reads. kopf would retry
         # listing namespaces and CRDs for ever, logging a 403 each time; it serves the namespaces given
@@ -127,8 +146,8 @@ def close(**_: Any) -> None:
 @kopf.on.update(GROUP, VERSION, "echojobs", field="spec", backoff=10)
 async def reconcile_job(body: kopf.Body, **_: Any) -> None:
     job = dict(body)
-    await _run(_reconciler().reconcile, job, about=job)
-    await _run(_reconciler().rebalance, job, about=job)
+    await _run(_reconciler().reconcile, job, kind="EchoJob", about=job)
+    await _run(_reconciler().rebalance, job, kind="EchoJob", about=job)
 
 
 @kopf.daemon(GROUP, VERSION, "echojobs", cancellation_timeout=5.0)
@@ -138,10 +157,10 @@ async def monitor_job(stopped: kopf.DaemonStopped, body: kopf.Body, **_: Any) ->
     last_resync = time.monotonic()
     while not stopped:
         try:
-            await asyncio.to_thread(op.observe, dict(body))
+            await _timed("status", op.observe, dict(body))
             if time.monotonic() - last_resync >= op.settings.resync_interval_s:
                 last_resync = time.monotonic()
-                await asyncio.to_thread(op.reconcile, dict(body))
+                await _timed("EchoJob", op.reconcile, dict(body))
         except KubeError as exc:
             log.warning("%s/%s: status pass failed: %s", body.metadata.namespace, body.metadata.name, exc)
         await stopped.wait(op.settings.status_interval_s)
@@ -154,14 +173,14 @@ def _needs_cleanup(body: kopf.Body, **_: Any) -> bool:
 @kopf.on.delete(GROUP, VERSION, "echojobs", when=_needs_cleanup, retries=5, backoff=5)
 async def cleanup_job(body: kopf.Body, **_: Any) -> None:
     job = dict(body)
-    await _run(_reconciler().cleanup, job, about=job)
+    await _run(_reconciler().cleanup, job, kind="EchoJob", about=job)
 
 
 @kopf.on.delete(GROUP, VERSION, "echojobs", optional=True)
 async def forget_job(body: kopf.Body, **_: Any) -> None:
     _reconciler().forget(body.metadata.namespace or "", body.metadata.name or "")
     job = dict(body)
-    await _run(_reconciler().rebalance, job, about=job)
+    await _run(_reconciler().rebalance, job, kind="EchoJob", about=job)
 
 
 # -- Referenced objects ----------------------------------------------------------------------------
@@ -177,7 +196,9 @@ def _register(plural: str) -> None:
     kind = _KINDS[plural]
 
     async def changed(body: kopf.Body, **_: Any) -> None:
-        await _run(_reconciler().referenced_changed, body.metadata.namespace, kind, body.metadata.name)
+        await _run(
+            _reconciler().referenced_changed, body.metadata.namespace, kind, body.metadata.name, kind=kind
+        )
 
     changed.__name__ = changed.__qualname__ = f"{plural}_changed"
     kopf.on.resume(GROUP, VERSION, plural)(changed)

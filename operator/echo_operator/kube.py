@@ -17,7 +17,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from echo_operator import names
+from echo_operator import metrics, names
 
 Object = dict[str, Any]
 
@@ -113,6 +113,7 @@ class Kube:
     ) -> Object:
         if method != "GET" and self.fence is not None and not self.fence() and "selfsubject" not in url:
             raise KubeError(0, "not written: this operator replica no longer holds the leader Lease", what)
+        code = 0
         try:
             resp = self.api.call_api(
                 url,
@@ -124,10 +125,17 @@ class Kube:
                 _preload_content=False,
                 _request_timeout=30,
             )
+            answered = resp if hasattr(resp, "status") else resp[0]
+            code = int(getattr(answered, "status", 200) or 200)
         except ApiException as exc:
+            code = exc.status or 0
             raise KubeError(exc.status or 0, _message(exc), what) from None
         except Exception as exc:  # connection refused, TLS, timeouts
             raise KubeError(0, str(exc), what) from exc
+        finally:
+            metrics.api_request(method, code)
+            if url.endswith("/status") and method != "GET" and code:
+                metrics.STATUS_WRITES.labels(what.split()[1]).inc()
         data = resp.data if hasattr(resp, "data") else resp[0].data
         return dict(json.loads(data)) if data else {}
 

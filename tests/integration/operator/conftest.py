@@ -71,6 +71,7 @@ def start_operator(operator_kubeconfig: pathlib.Path) -> StartOperator:
             "ECHORL_COORDINATOR_URL": "http://127.0.0.1:9/{job}",  # nothing listens: coordinator not up
             "ECHORL_BEHIND_GRACE": "0.5",
             "ECHORL_RESTART_COOLDOWN": "60",
+            "ECHORL_METRICS_PORT": "0",  # several operators run in this process, one after another
             **env,
         }
         scope = [f"--namespace={ns}" for ns in namespaces] or ["--all-namespaces"]

@@ -46,7 +46,7 @@ spec:
 
 class Replica:
     def __init__(self, identity: str, kubeconfig: Path, log: Path, **lease: str) -> None:
-        (self.port,) = free_ports(1)
+        self.port, self.metrics_port = free_ports(2)
         self.identity = identity
         self.log = log
         env = {
@@ -58,6 +58,7 @@ class Replica:
             "ECHORL_STATUS_INTERVAL": "0.5",
             "ECHORL_RESYNC_INTERVAL": "3",
             "ECHORL_COORDINATOR_URL": "http://127.0.0.1:9/{job}",
+            "ECHORL_METRICS_PORT": str(self.metrics_port),
             **LEASE,
             **lease,
         }
@@ -74,6 +75,16 @@ class Replica:
                 return bool(r.status == 200)
         except OSError:
             return False
+
+    def metrics(self) -> dict[str, float]:
+        """Its ``/metrics``: each sample line's name and labels → value."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        return {
+            line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("echorl_operator_")
+        }
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -140,6 +151,15 @@ def test_one_replica_leads_a_paused_leader_is_replaced_and_writes_nothing_after(
     ns_writes = [e for e in writes_by(kube, "op-a") if (e["objectRef"].get("namespace") == kube_namespace)]
     assert ns_writes, "the leader's writes are not in the audit log"
     assert not writes_by(kube, "op-b"), "the follower wrote"
+    # Both serve /metrics; only the leader reconciles.
+    reconciled = 'echorl_operator_reconciles_total{kind="EchoJob",result="ok"}'
+    led = until(lambda: (m := a.metrics()).get(reconciled, 0) >= 1 and m)  # counted once the call returns
+    followed = b.metrics()
+    assert led["echorl_operator_leader"] == 1.0 and followed["echorl_operator_leader"] == 0.0
+    assert reconciled not in followed
+    assert led['echorl_operator_jobs{phase="Running"}'] == 1.0
+    assert led['echorl_operator_api_requests_total{code="200",verb="GET"}'] >= 1
+    assert led['echorl_operator_status_writes_total{kind="EchoJob"}'] >= 1
 
     # The leader freezes. The follower takes the Lease once 4 s pass on its own clock without a renewal.
     paused = time.monotonic()
@@ -152,6 +172,7 @@ def test_one_replica_leads_a_paused_leader_is_replaced_and_writes_nothing_after(
     apply(kube, kube_namespace, job("second", storage_yaml(bucket)))
     until(lambda: ("Deployment", "second-coordinator") in children_of(kube, kube_namespace, "second") or None)
     first_of_b = min(e["stageTimestamp"] for e in writes_by(kube, "op-b"))
+    assert b.metrics()["echorl_operator_leader"] == 1.0
 
     # The old leader wakes: past its renew deadline, it writes nothing more and ends (its pod would restart
     # as a follower).

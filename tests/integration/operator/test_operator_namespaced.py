@@ -49,7 +49,9 @@ def test_the_namespaced_install_grants_nothing_cluster_wide(kube_apiserver: Kube
     assert not [k for k in kinds if k[0] == "ClusterRoleBinding"], sorted(kinds)
     assert ("ClusterRole", "echorl-operator-discovery") not in kinds
     # One RoleBinding per watched namespace, and one in echorl-system for the leader election's Lease.
-    (lease,) = [d for d in docs if d["kind"] == "RoleBinding" and d["metadata"]["namespace"] == "echorl-system"]
+    (lease,) = [
+        d for d in docs if d["kind"] == "RoleBinding" and d["metadata"]["namespace"] == "echorl-system"
+    ]
     assert lease["roleRef"]["kind"] == "Role" and lease["roleRef"]["name"] == "echorl-leader-election"
     (binding,) = [d for d in docs if d["kind"] == "RoleBinding" and d is not lease]
     assert binding["metadata"]["namespace"] == "echorl-jobs"
