@@ -11,6 +11,7 @@
 #   crictl          the CRI client (sigs.k8s.io/cri-tools): the harness removes pod sandboxes with it
 #   metrics-server  the resource metrics API the HPA controller reads (sigs.k8s.io/metrics-server)
 #   kueue           Kueue's manager (sigs.k8s.io/kueue), with its CRDs in ../kueue-crds/
+#   helm            Helm (helm.sh/helm/v4), for the chart's lint, template and install tests
 # Idempotent: binaries are cached under $ECHORL_TESTBIN (default ~/.cache/echorl/testbin/<pins>/bin);
 # a warm cache returns in well under a second. Prints the bin directory on the last line of stdout.
 set -euo pipefail
@@ -24,6 +25,7 @@ KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
 CRICTL_VERSION="${CRICTL_VERSION:-v1.34.0}"
 METRICS_SERVER_VERSION="${METRICS_SERVER_VERSION:-v0.8.0}"     # not in the tag: its .ok file names it
 KUEUE_VERSION="${KUEUE_VERSION:-v0.17.0}"                       # likewise
+HELM_VERSION="${HELM_VERSION:-v4.3.2}"                          # likewise
 # ---------------------------------------------------------------------------------------------
 
 RECIPE=3  # bump when the build recipe below changes, so caches rebuild
@@ -73,6 +75,16 @@ build_kueue() {
   echo "$KUEUE_VERSION" >"$root/kueue-crds.tmp/.version"
   mv "$root/kueue-crds.tmp" "$root/kueue-crds"
   echo "$KUEUE_VERSION" >"$bin/kueue.ok"
+}
+
+# Helm, for the chart's tests (charts/echorl-operator), likewise outside the tag.
+helm_current() { have helm && [ "$(cat "$bin/helm.ok")" = "$HELM_VERSION" ]; }
+
+build_helm() {
+  helm_current && return 0
+  rm -f "$bin/helm.ok"
+  build_go_install helm "helm.sh/helm/v4/cmd/helm@${HELM_VERSION}"
+  echo "$HELM_VERSION" >"$bin/helm.ok"
 }
 
 have_all() {
@@ -157,7 +169,8 @@ GO
 }
 
 # One build at a time per cache: a second caller (another test run, a helper) waits for the first.
-if ! have_all "${ALL[@]}" || [ ! -d "$root/kwok-stages" ] || ! metrics_server_current || ! kueue_current; then
+if ! have_all "${ALL[@]}" || [ ! -d "$root/kwok-stages" ] || ! metrics_server_current || ! kueue_current \
+  || ! helm_current; then
   exec 9>"$root/.lock"
   if ! flock -n 9; then
     log "another build is running in $root; waiting for it"
@@ -171,6 +184,7 @@ if ! have_all "${ALL[@]}" || [ ! -d "$root/kwok-stages" ] || ! metrics_server_cu
   build_go_install crictl "sigs.k8s.io/cri-tools/cmd/crictl@${CRICTL_VERSION}"
   build_metrics_server
   build_kueue
+  build_helm
 fi
 "$bin/kube-apiserver" --version >&2
 "$bin/etcd" --version | sed -n 1p >&2

@@ -480,18 +480,36 @@ def write(out: Path) -> list[Path]:
     return written
 
 
+def chart_files() -> dict[str, str]:
+    """What the Helm chart's ``crds/`` holds: the same CRDs (Helm installs every file there; no
+    Kustomization)."""
+    return {name: text for name, text in generated_files().items() if name.endswith(".yaml")}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m echo_operator.crds", description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("crds"), help="output directory (default: crds/)")
+    parser.add_argument(
+        "--chart", type=Path, default=None, help="also write the CRDs into this Helm chart's crds/ (e.g. "
+        "charts/echorl-operator)",
+    )  # fmt: skip
     parser.add_argument("--check", action="store_true", help="exit 1 if the files in --out are out of date")
     args = parser.parse_args(argv)
+    targets = [(args.out, generated_files())]
+    if args.chart is not None:
+        targets.append((args.chart / "crds", chart_files()))
     if args.check:
-        stale = [n for n, text in generated_files().items() if _read(args.out / n) != text]
-        for name in stale:
-            print(f"{args.out / name}: out of date; run `python -m echo_operator.crds --out {args.out}`")
+        stale = [out / n for out, files in targets for n, text in files.items() if _read(out / n) != text]
+        for path in stale:
+            print(
+                f"{path}: out of date; run `python -m echo_operator.crds --out crds/ --chart charts/echorl-operator`"
+            )
         return 1 if stale else 0
-    for path in write(args.out):
-        print(path)
+    for out, files in targets:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (out / name).write_text(text, encoding="utf-8")
+            print(out / name)
     return 0
 
 

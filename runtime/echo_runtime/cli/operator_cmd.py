@@ -44,12 +44,20 @@ def run(kopf_args: tuple[str, ...]) -> None:
 @click.option(
     "--out", default="crds", show_default=True, type=click.Path(file_okay=False), help="Output folder."
 )
+@click.option(
+    "--chart",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Also the Helm chart's crds/ (e.g. charts/echorl-operator).",
+)
 @click.option("--check", is_flag=True, help="Exit 1 if the files in --out differ from the generated ones.")
-def crds_cmd(out: str, check: bool) -> None:
-    """Write the CRDs generated from the spec models (what `crds/` holds)."""
+def crds_cmd(out: str, chart: str | None, check: bool) -> None:
+    """Write the CRDs generated from the spec models (what `crds/` and the Helm chart hold)."""
     from echo_operator import crds
 
-    raise SystemExit(crds.main(["--out", out, *(["--check"] if check else [])]))
+    raise SystemExit(
+        crds.main(["--out", out, *(["--chart", chart] if chart else []), *(["--check"] if check else [])])
+    )
 
 
 def worker_command(

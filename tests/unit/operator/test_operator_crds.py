@@ -43,6 +43,15 @@ def test_committed_crds_equal_the_generated_ones() -> None:
         )
 
 
+def test_the_helm_chart_carries_the_same_crds() -> None:
+    chart = CRDS.parent / "charts" / "echorl-operator" / "crds"
+    committed = {p.name: p.read_text(encoding="utf-8") for p in chart.iterdir() if p.is_file()}
+    assert committed == crds.chart_files(), (
+        "charts/echorl-operator/crds is stale: run `python -m echo_operator.crds --out crds/ --chart charts/echorl-operator`"
+    )
+    assert "Kustomization" not in committed
+
+
 def test_check_mode_reports_stale_files(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert crds.main(["--check", "--out", str(tmp_path)]) == 1
     assert "out of date" in capsys.readouterr().out
