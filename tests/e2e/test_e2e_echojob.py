@@ -8,6 +8,7 @@ e2e proves the operator's lifecycle, not learning (docs/benchmarks does that).
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from typing import Any
@@ -143,9 +144,12 @@ def test_a_job_trains_to_succeeded_and_releases_everything(e2e: E2E) -> None:
     assert max(published(store, "quick", "checkpoints")) == 150
 
 
-def test_deleting_a_worker_the_trainer_and_the_coordinator_mid_run_still_succeeds(e2e: E2E) -> None:
+def test_deleting_a_worker_the_trainer_the_coordinator_and_the_operator_leader_mid_run_still_succeeds(
+    e2e: E2E,
+) -> None:
     """The trainer is a sharded gang of two pods (FSDP, one rank each): the pod of rank 1 is deleted, and
-    the operator restarts both ranks, which resume from the checkpoint the two wrote shard by shard."""
+    the operator restarts both ranks, which resume from the checkpoint the two wrote shard by shard. Then
+    the operator replica that leads is killed: the other takes the Lease over and finishes the job."""
     trainer = {"nodes": 2, "strategy": "FSDP", "threads": 1, "checkpointInterval": 5, "resources": RESOURCES}
     e2e.apply(echojob("restarts", max_steps=60, ttlSecondsAfterFinished=5, trainingSwarm=trainer))
     e2e.until("version 3", lambda: e2e.version("restarts") >= 3)
@@ -170,9 +174,31 @@ def test_deleting_a_worker_the_trainer_and_the_coordinator_mid_run_still_succeed
         )
         return name
 
+    def lease_holder() -> str:
+        lease = json.loads(e2e.kubectl("-n", "echorl-system", "get", "lease", "echorl-operator", "-o", "json",
+                                       namespaced=False))  # fmt: skip
+        return str(lease["spec"].get("holderIdentity") or "")
+
+    def kill_the_operator_leader() -> None:
+        # Killed, not stopped: no time to release the Lease, so the other replica waits out its 15 s.
+        leader = lease_holder()
+        at = e2e.version("restarts")
+        killed = time.monotonic()
+        e2e.kubectl("-n", "echorl-system", "delete", "pod", leader, "--grace-period=0", "--force",
+                    "--wait=false", namespaced=False)  # fmt: skip
+        new = e2e.until(
+            "the other operator replica leads", lambda: (h := lease_holder()) != leader and h, every=0.5
+        )
+        e2e.note(
+            f"operator leader {leader} killed at version {at}: {new} leads after {time.monotonic() - killed:.1f} s"
+        )
+        # status.policyVersion is the operator's to write: it moves on only through the new leader.
+        e2e.until("status written by the new leader", lambda: e2e.version("restarts") > at + 2)
+
     delete_one("inference")
     delete_one("trainer", ",batch.kubernetes.io/job-completion-index=1")
     delete_one("coordinator")
+    kill_the_operator_leader()
     done = e2e.wait_condition("restarts", "Succeeded")
     status = e2e.job("restarts")["status"]
     e2e.note(f"Succeeded after restarts: {done['message']}; status.restarts {status['restarts']}")

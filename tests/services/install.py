@@ -3,7 +3,8 @@
 :func:`overlay` writes a kustomization over ``manifests/`` and ``manifests/dev/`` (its dev MinIO) that
 swaps image names (the local, content-hashed tags) and the pull policy (``Never``: there is no
 registry), nothing else. The e2e tier applies it (``tests/e2e/conftest.py``), and so does
-``scripts/cluster.sh install`` for a developer's cluster.
+``scripts/cluster.sh install`` for a developer's cluster. :func:`chart_values` are the same swaps as
+values of the Helm chart (``charts/echorl-operator``), for the e2e test that installs it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,34 @@ from services.procs import REPO_ROOT
 MANIFESTS = REPO_ROOT / "manifests"
 
 
+CHART = REPO_ROOT / "charts" / "echorl-operator"
+
+
+def _job_images(images: dict[str, str]) -> dict[str, str]:
+    """The operator's settings naming the images of a job's processes, and the pull policy."""
+    return {
+        "ECHORL_IMAGE_COORDINATOR": images["worker-cpu"],
+        "ECHORL_IMAGE_WORKER_CPU": images["worker-cpu"],
+        "ECHORL_IMAGE_TRAINER": images["trainer"],
+        "ECHORL_IMAGE_PULL_POLICY": "Never",
+    }
+
+
+def chart_values(images: dict[str, str]) -> dict[str, object]:
+    """Values of the Helm chart that swap the same images and pull policy as :func:`overlay`."""
+    name, _, tag = images["operator"].rpartition(":")
+    env = _job_images(images)
+    return {
+        "image": {"repository": name, "tag": tag, "pullPolicy": "Never"},
+        "jobImages": {
+            "coordinator": env["ECHORL_IMAGE_COORDINATOR"],
+            "workerCpu": env["ECHORL_IMAGE_WORKER_CPU"],
+            "trainer": env["ECHORL_IMAGE_TRAINER"],
+        },
+        "extraEnv": [{"name": "ECHORL_IMAGE_PULL_POLICY", "value": "Never"}],
+    }
+
+
 def overlay(images: dict[str, str], out: Path) -> Path:
     """A kustomization over ``manifests/`` that swaps image names and the pull policy, nothing else."""
 
@@ -29,12 +58,7 @@ def overlay(images: dict[str, str], out: Path) -> Path:
         "ghcr.io/echorl/echorl-operator": images["operator"],
         "quay.io/minio/minio": images["test-minio"],
     }
-    env = {
-        "ECHORL_IMAGE_COORDINATOR": images["worker-cpu"],
-        "ECHORL_IMAGE_WORKER_CPU": images["worker-cpu"],
-        "ECHORL_IMAGE_TRAINER": images["trainer"],
-        "ECHORL_IMAGE_PULL_POLICY": "Never",
-    }
+    env = _job_images(images)
     operator = yaml.safe_load((MANIFESTS / "common" / "operator.yaml").read_text())
     names = [e["name"] for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]]
     ops = [
