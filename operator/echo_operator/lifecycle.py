@@ -14,7 +14,12 @@ fails (and then stops the others). From that, and from the snapshot store, :func
   **Failed**, with the failed pod's exit code and the last lines of its log (its termination message,
   ``FallbackToLogsOnError``) in the condition's message.
 
-Both outcomes are final, like a Job's: the job's processes stay scaled to zero, and
+A rank killed for running out of memory (its container's reason ``OOMKilled``) fails the EchoJob at
+once with that reason unless ``spec.oomPolicy`` is ``Retry``; a job still running
+``spec.activeDeadlineSeconds`` after its start or last resume (:func:`past_deadline`) fails with
+``DeadlineExceeded``.
+
+Outcomes are final, like a Job's: the job's processes stay scaled to zero, and
 ``ttlSecondsAfterFinished`` (:func:`expired`) later deletes its children. To run again, create a new
 EchoJob (``--resume`` semantics make it continue from the store if it uses the same name and prefix).
 """
@@ -57,8 +62,46 @@ def expired(outcome: Outcome | None, ttl_s: int | None, now: datetime.datetime) 
     """Whether ``ttlSecondsAfterFinished`` has passed since the job ended."""
     if outcome is None or ttl_s is None or not outcome.time:
         return False
-    ended = datetime.datetime.fromisoformat(outcome.time.replace("Z", "+00:00"))
-    return (now - ended).total_seconds() >= ttl_s
+    return (now - _time(outcome.time)).total_seconds() >= ttl_s
+
+
+def _time(value: str) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def deadline_start(status: Mapping[str, Any] | None) -> str | None:
+    """When ``activeDeadlineSeconds`` started counting: the job's start, or its last resume (the
+    ``Suspended`` condition turned False later), as a Job's clock restarts when it is resumed."""
+    status = status or {}
+    start = status.get("startTime")
+    for cond in status.get("conditions") or []:
+        if (
+            cond.get("type") == "Suspended"
+            and cond.get("status") == "False"
+            and cond.get("lastTransitionTime")
+        ):
+            resumed = str(cond["lastTransitionTime"])
+            if start is None or _time(resumed) > _time(str(start)):
+                start = resumed
+    return str(start) if start else None
+
+
+def past_deadline(
+    limit_s: int | None, status: Mapping[str, Any] | None, now: datetime.datetime
+) -> Decision | None:
+    """``Fail`` with ``DeadlineExceeded`` once the job has run ``limit_s`` seconds (None: not yet, or no
+    limit)."""
+    start = deadline_start(status) if limit_s is not None else None
+    if limit_s is None or start is None:
+        return None
+    ran = (now - _time(start)).total_seconds()
+    if ran < limit_s:
+        return None
+    return Decision(
+        "Fail", "DeadlineExceeded",
+        f"the job ran {ran:.0f} s since {start}, longer than activeDeadlineSeconds {limit_s}; every process "
+        "was stopped (the snapshots and checkpoints stay in the store)",
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -97,6 +140,8 @@ class Failure:
     """One line: which pod, exit code and reason."""
     log_tail: str
     """The last lines of the failed container's log (its termination message), may be empty."""
+    oom: bool = False
+    """The failed rank was killed for running out of memory (container reason ``OOMKilled``)."""
 
     def describe(self) -> str:
         return self.summary + (f"; last lines of its log:\n{self.log_tail}" if self.log_tail else "")
@@ -125,7 +170,7 @@ def failure_of(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> Fai
         f" ({state.get('reason') or 'Error'}); Job reason {reason}"
     )
     lines = [line for line in str(state.get("message") or "").splitlines() if line.strip()]
-    return Failure(counted, summary, "\n".join(lines[-TAIL_LINES:]))
+    return Failure(counted, summary, "\n".join(lines[-TAIL_LINES:]), oom=state.get("reason") == "OOMKilled")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -158,6 +203,7 @@ def decide(
     max_steps: int,
     restarts: int,
     backoff_limit: int,
+    oom_policy: str = "Fail",
 ) -> Decision:
     """What the operator does about the trainer Job in ``phase`` (see the module docstring)."""
     if phase == "Complete":
@@ -182,6 +228,14 @@ def decide(
     elif phase != "Failed":
         return Decision("Wait")
     assert failure is not None
+    if failure.oom and oom_policy == "Fail":
+        return Decision(
+            "Fail", "OOMKilled",
+            f"{failure.describe()}; out of memory: the same step would run out again, so the job is not "
+            "retried (raise the trainer's memory limit, or lower algorithm.microBatchSize or set "
+            "microBatchTokens; oomPolicy: Retry retries it against backoffLimit)",
+            counted=True,
+        )  # fmt: skip
     if failure.counted and restarts + 1 > backoff_limit:
         return Decision(
             "Fail", "BackoffLimitExceeded",

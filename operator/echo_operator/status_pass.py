@@ -118,6 +118,14 @@ def follow_trainer(
     namespace, name = job.namespace, job.name
     current = ctx.kube.get("batch/v1", "Job", namespace, names.trainer(name))
     phase = lifecycle.trainer_phase(current)
+    over = lifecycle.past_deadline(job.spec.active_deadline_seconds, body.get("status"), context.now())
+    if over is not None:
+        if current is not None and phase in ("Running", "Missing"):
+            # The Job's record stays (a finished job keeps its trainer Job); its pods are stopped.
+            ctx.kube.merge_patch(
+                "batch/v1", "Job", namespace, names.trainer(name), {"spec": {"suspend": True}}
+            )
+        return end(ctx, body, mem, job, over)
     if phase == "Missing":  # deleted for a restart (or by hand): the gang starts again
         wanted = [o for o in children.desired(job, ctx.settings) if o["kind"] == "Job"]
         if wanted:
@@ -142,8 +150,9 @@ def follow_trainer(
     # Counted already by an operator that stopped before it deleted this Job: decide as it did, count once.
     before = mem.restarts - (1 if mem.last_counted == uid else 0)
     decision = lifecycle.decide(
-        phase, failure, progress, job.spec.algorithm.max_steps, before, job.spec.backoff_limit
-    )
+        phase, failure, progress, job.spec.algorithm.max_steps, before, job.spec.backoff_limit,
+        job.spec.oom_policy,
+    )  # fmt: skip
     if decision.action == "Wait":
         return False
     if decision.counted and mem.last_counted != uid:
@@ -159,14 +168,25 @@ def follow_trainer(
         mem.counted_jobs.add(uid)  # only now: a delete that failed is tried again at the next pass
         return False
     mem.counted_jobs.add(uid)
+    if progress is not None:
+        mem.final_version = progress.latest_version
+    return end(ctx, body, mem, job, decision)
+
+
+def end(
+    ctx: context.Context,
+    body: Mapping[str, Any],
+    mem: context.JobMemory,
+    job: inputs.JobInput,
+    decision: lifecycle.Decision,
+) -> bool:
+    """The job is over (Succeed or Fail): remember how, say so; the caller scales it to zero."""
     mem.outcome = lifecycle.Outcome(
         "Succeeded" if decision.action == "Succeed" else "Failed",
         decision.reason,
         decision.message,
         events.now_rfc3339(),
     )
-    if progress is not None:
-        mem.final_version = progress.latest_version
     mem.job = dataclasses.replace(job, finished=True)
     type_, reason = outcome_event(decision)
     ctx.events.post(body, type_, reason, decision.message)

@@ -103,6 +103,16 @@ class EchoJobSpec(SpecModel):
     """How many times the trainer may fail before the job is Failed (as a Kubernetes Job's
     ``backoffLimit``). Every rank of the trainer restarts together, from the last checkpoint; a pod
     deleted by hand counts as a failure, a disruption (eviction, preemption) does not."""
+    active_deadline_seconds: Int | None = Field(default=None, ge=1)
+    """Seconds the job may run before it is Failed with reason ``DeadlineExceeded`` and every process
+    stopped (as a Kubernetes Job's ``activeDeadlineSeconds``): counted from its start, or from its last
+    resume, so time suspended or queued does not count. Unset: no limit. The operator's (``echorl run``
+    stops at ``maxSteps``)."""
+    oom_policy: Literal["Fail", "Retry"] = "Fail"
+    """What a trainer rank killed for running out of memory does: ``Fail`` the job at once with reason
+    ``OOMKilled`` (the same step would run out of memory again: raise the trainer's memory limit or
+    lower ``microBatchSize``/``microBatchTokens``), or ``Retry`` it like any failure, counted against
+    ``backoffLimit``."""
     ttl_seconds_after_finished: Int | None = Field(default=None, ge=0)
     """Seconds after the job Succeeded or Failed before its children (Deployments, Services, the
     trainer Job, Secrets, ConfigMap) are deleted; the EchoJob, its status and the snapshots stay.

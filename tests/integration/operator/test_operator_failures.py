@@ -125,3 +125,67 @@ def counted(kube: KubeApiServer, ns: str, uid: str) -> dict[str, Any] | None:
 def get_or_none(kube: KubeApiServer, ns: str, name: str) -> dict[str, Any] | None:
     proc = kube.kubectl("get", "job", name, "-n", ns, "-o", "json")
     return json.loads(proc.stdout) if proc.returncode == 0 else None
+
+
+def trainer_pod(kube: KubeApiServer, ns: str, job: str, trainer_job: dict[str, Any], reason: str) -> None:
+    """A rank of ``trainer_job`` whose container ended with ``reason``, as the kubelet reports it."""
+    name = f"{job}-trainer-0-abcde"
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": {"echorl.dev/job": job, "echorl.dev/component": "trainer",
+                       "batch.kubernetes.io/job-completion-index": "0"},
+            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": trainer_job["metadata"]["name"],
+                                 "uid": trainer_job["metadata"]["uid"], "controller": True}],
+        },
+        "spec": {"containers": [{"name": "trainer", "image": "trainer"}], "restartPolicy": "Never"},
+    }  # fmt: skip
+    kubectl_ok(kube, "apply", "-n", ns, "-f", "-", input=yaml.safe_dump(pod))
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    terminated = {"exitCode": 137, "reason": reason, "finishedAt": now, "startedAt": now}
+    status = {"status": {"phase": "Failed", "containerStatuses": [
+        {"name": "trainer", "image": "trainer", "imageID": "", "ready": False, "restartCount": 0,
+         "state": {"terminated": terminated}}]}}  # fmt: skip
+    kubectl_ok(kube, "patch", "pod", name, "-n", ns, "--subresource=status", "--type=merge",
+               "-p", json.dumps(status))  # fmt: skip
+
+
+def failed_condition(kube: KubeApiServer, ns: str, name: str) -> dict[str, Any] | None:
+    for cond in (get(kube, ns, "echojob", name).get("status") or {}).get("conditions") or []:
+        if cond["type"] == "Failed" and cond["status"] == "True":
+            return dict(cond)
+    return None
+
+
+def test_an_out_of_memory_rank_fails_the_job_and_a_deadline_stops_one(
+    kube_apiserver: KubeApiServer,
+    kube_namespace: str,
+    operator: KopfRunner,
+    storage_secret: str,
+    bucket: str,
+    storage_yaml: Callable[..., str],
+) -> None:
+    kube, ns = kube_apiserver, kube_namespace
+    apply(kube, ns, job(storage_yaml(bucket)))
+    trainer = until(lambda: get_or_none(kube, ns, "flaky-trainer"))
+    trainer_pod(kube, ns, "flaky", trainer, "OOMKilled")
+    fail(kube, ns, "flaky-trainer")
+    cond = until(lambda: failed_condition(kube, ns, "flaky"))
+    assert cond["reason"] == "OOMKilled" and "out of memory" in cond["message"], cond
+    assert (
+        get(kube, ns, "job", "flaky-trainer")["metadata"]["uid"] == trainer["metadata"]["uid"]
+    )  # not retried
+
+    # A deadline: 3 s after it started, the job fails and its trainer Job is suspended (pods stopped).
+    deadline = (
+        job(storage_yaml(bucket))
+        .replace("name: flaky", "name: hurried")
+        .replace("backoffLimit: 3", "backoffLimit: 3\n  activeDeadlineSeconds: 3")
+    )
+    apply(kube, ns, deadline)
+    cond = until(lambda: failed_condition(kube, ns, "hurried"), timeout=60)
+    assert cond["reason"] == "DeadlineExceeded" and "activeDeadlineSeconds 3" in cond["message"], cond
+    assert get(kube, ns, "job", "hurried-trainer")["spec"]["suspend"] is True
+    until(lambda: get(kube, ns, "deployment", "hurried-coordinator")["spec"]["replicas"] == 0)

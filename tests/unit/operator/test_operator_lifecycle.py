@@ -21,7 +21,12 @@ def job(
 
 
 def pod(
-    name: str, exit_code: int, message: str = "", index: str = "0", at: str = "2026-12-01T00:00:01Z"
+    name: str,
+    exit_code: int,
+    message: str = "",
+    index: str = "0",
+    at: str = "2026-12-01T00:00:01Z",
+    reason: str = "Error",
 ) -> dict[str, Any]:
     return {
         "metadata": {"name": name, "labels": {"batch.kubernetes.io/job-completion-index": index}},
@@ -32,7 +37,7 @@ def pod(
                     "state": {
                         "terminated": {
                             "exitCode": exit_code,
-                            "reason": "Error",
+                            "reason": reason,
                             "message": message,
                             "finishedAt": at,
                         }
@@ -81,6 +86,46 @@ def test_failures_restart_every_rank_until_the_backoff_limit_then_the_job_fails(
     assert (final.action, final.reason) == ("Fail", "BackoffLimitExceeded")
     assert "line 29" in final.message and "exited with code 1" in final.message
     assert lifecycle.decide("Failed", failure, None, 40, restarts=0, backoff_limit=0).action == "Fail"
+
+
+def test_an_out_of_memory_rank_fails_the_job_at_once_unless_the_spec_retries_it() -> None:
+    failure = lifecycle.failure_of(job("Failed"), [pod("j-trainer-0-m", 137, "CUDA", reason="OOMKilled")])
+    assert failure.oom and failure.counted
+    final = lifecycle.decide("Failed", failure, None, 40, restarts=0, backoff_limit=3)
+    assert (final.action, final.reason, final.counted) == ("Fail", "OOMKilled", True)
+    assert "out of memory" in final.message and "oomPolicy: Retry" in final.message
+    retried = lifecycle.decide("Failed", failure, None, 40, restarts=0, backoff_limit=3, oom_policy="Retry")
+    assert (retried.action, retried.reason) == ("Restart", "TrainerFailed")
+    # Killed with 137 for another reason (a liveness kill, kill -9) is an ordinary failure.
+    plain = lifecycle.failure_of(job("Failed"), [pod("j-trainer-0-k", 137)])
+    assert not plain.oom
+    assert lifecycle.decide("Failed", plain, None, 40, restarts=0, backoff_limit=3).action == "Restart"
+
+
+def test_the_deadline_counts_from_the_start_or_the_last_resume() -> None:
+    t0 = datetime.datetime(2026, 12, 1, tzinfo=datetime.UTC)
+    started = {"startTime": "2026-12-01T00:00:00Z"}
+    assert lifecycle.past_deadline(None, started, t0 + datetime.timedelta(days=9)) is None
+    assert lifecycle.past_deadline(60, started, t0 + datetime.timedelta(seconds=59)) is None
+    over = lifecycle.past_deadline(60, started, t0 + datetime.timedelta(seconds=61))
+    assert over is not None and (over.action, over.reason, over.counted) == (
+        "Fail",
+        "DeadlineExceeded",
+        False,
+    )
+    assert "activeDeadlineSeconds 60" in over.message
+    # Suspended for an hour and resumed at 01:00: the clock restarts there.
+    resumed = {
+        **started,
+        "conditions": [
+            {"type": "Suspended", "status": "False", "lastTransitionTime": "2026-12-01T01:00:00Z"}
+        ],
+    }
+    assert lifecycle.deadline_start(resumed) == "2026-12-01T01:00:00Z"
+    assert lifecycle.past_deadline(60, resumed, t0 + datetime.timedelta(seconds=3630)) is None
+    assert lifecycle.past_deadline(60, resumed, t0 + datetime.timedelta(seconds=3661)) is not None
+    # Never started (queued from the first): nothing counts yet.
+    assert lifecycle.past_deadline(60, {}, t0) is None
 
 
 def test_disruptions_restart_without_counting() -> None:
