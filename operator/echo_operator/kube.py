@@ -36,6 +36,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("echorl.dev/v1alpha1", "SyncPolicy"): "syncpolicies",
     ("kueue.x-k8s.io/v1beta2", "Workload"): "workloads",
     ("kueue.x-k8s.io/v1beta2", "WorkloadPriorityClass"): "workloadpriorityclasses",
+    ("kueue.x-k8s.io/v1beta2", "ResourceFlavor"): "resourceflavors",
     ("coordination.k8s.io/v1", "Lease"): "leases",
 }
 

@@ -85,22 +85,57 @@ def pod_sets(job: inputs.JobInput, settings: Settings) -> list[Object]:
     Computed from the children the job would have running (:func:`children.desired` of the job
     neither suspended nor held), so a Workload charges exactly the requests those pods make.
     """
+    # As the job asks (never with an admission's placement: the Workload would change with it).
     running = dataclasses.replace(
-        job, spec=job.spec.model_copy(update={"suspend": False}), finished=False, held=None
+        job, spec=job.spec.model_copy(update={"suspend": False}), finished=False, held=None, placement={}
     )
     out: list[Object] = []
     for obj in children.desired(running, settings):
-        labels = obj["metadata"].get("labels") or {}
-        if obj["kind"] == "Deployment":
-            count = obj["spec"].get("replicas", 1)
-            name = labels.get(names.POOL) or labels.get(names.COMPONENT, "coordinator")
-        elif obj["kind"] == "Job":
-            count, name = obj["spec"].get("parallelism", 1), "trainer"
-        else:
+        name = children.pod_set_name(obj)
+        if name is None:
             continue
+        count = (
+            obj["spec"].get("replicas", 1)
+            if obj["kind"] == "Deployment"
+            else obj["spec"].get("parallelism", 1)
+        )
         if count:
             out.append(_pod_set(name, int(count), obj["spec"]["template"]))
     return out
+
+
+def placement(
+    wl: Mapping[str, Any] | None, flavors: Mapping[str, Mapping[str, Any] | None]
+) -> dict[str, inputs.Placement]:
+    """Where an admitted Workload's pod sets go: per pod set, the node labels and tolerations of the
+    ResourceFlavors ``status.admission.podSetAssignments`` gave it (``flavors``: name → the stored
+    ResourceFlavor), then what admission checks' ``podSetUpdates`` add. Empty while not admitted."""
+    if not admitted(wl):
+        return {}
+    status = (wl or {}).get("status") or {}
+    out: dict[str, inputs.Placement] = {}
+    for assignment in (status.get("admission") or {}).get("podSetAssignments") or []:
+        selector: dict[str, str] = {}
+        tolerations: list[Mapping[str, Any]] = []
+        for flavor_name in sorted(set((assignment.get("flavors") or {}).values())):
+            flavor_spec = (flavors.get(flavor_name) or {}).get("spec") or {}
+            selector.update(flavor_spec.get("nodeLabels") or {})
+            tolerations += [t for t in flavor_spec.get("tolerations") or [] if t not in tolerations]
+        out[str(assignment["name"])] = inputs.Placement(selector, tuple(tolerations))
+    for check in status.get("admissionChecks") or []:
+        for update in check.get("podSetUpdates") or []:
+            before = out.get(str(update.get("name")), inputs.Placement())
+            added = [t for t in update.get("tolerations") or [] if t not in before.tolerations]
+            out[str(update.get("name"))] = inputs.Placement(
+                {**before.node_selector, **(update.get("nodeSelector") or {})}, (*before.tolerations, *added)
+            )
+    return out
+
+
+def flavor_names(wl: Mapping[str, Any] | None) -> list[str]:
+    """The ResourceFlavors an admitted Workload's pod sets were assigned."""
+    assignments = ((((wl or {}).get("status") or {}).get("admission") or {}).get("podSetAssignments")) or []
+    return sorted({f for a in assignments for f in (a.get("flavors") or {}).values()})
 
 
 SUSPENDED_MARK = "echorl.dev/deactivated-for-suspend"
@@ -311,8 +346,9 @@ def admit(
     job: inputs.JobInput,
     queue: str,
     outcome: Literal["Succeeded", "Failed"] | None,
-) -> inputs.Hold | None:
-    """Keep the job's Workload in line with the job and return why the job must not run (None: run).
+) -> tuple[inputs.Hold | None, dict[str, inputs.Placement]]:
+    """Keep the job's Workload in line with the job; return why the job must not run (None: run) and,
+    once admitted, where each pod set goes (:func:`placement`).
 
     ``outcome`` is how the job ended (Succeeded / Failed), if it did: the Workload is then marked
     Finished so that its quota is released.
@@ -331,7 +367,7 @@ def admit(
         if stored is not None and not finished(stored):
             done = with_finished(stored, outcome, f"the EchoJob {outcome.lower()}", events.now_rfc3339())
             kube.replace_status(API, "Workload", job.namespace, name, done)
-        return None
+        return None, {}
     wanted = workload(job, ctx.settings, queue, _priority(ctx, body), stored)
     if stored is not None and holds_quota(stored) and not same_pods(stored, wanted) and not evicted(stored):
         # The job now needs other pods than the quota was reserved for: queue it again, as Kueue does.
@@ -354,7 +390,24 @@ def admit(
             body, "Normal", "QuotaReleased",
             f"every pod of the job is gone: Workload {name} gave its quota back to its ClusterQueue",
         )  # fmt: skip
-    return hold(stored, queue, name)
+    return hold(stored, queue, name), placement(stored, _flavors(ctx, body, flavor_names(stored)))
+
+
+def _flavors(ctx: context.Context, body: Mapping[str, Any], wanted: list[str]) -> dict[str, Object | None]:
+    """The ResourceFlavors ``wanted`` (cluster-scoped: the namespaced install cannot read them)."""
+    out: dict[str, Object | None] = {}
+    for name in wanted:
+        try:
+            out[name] = ctx.kube.get(API, "ResourceFlavor", None, name)
+        except KubeError as exc:
+            if exc.status == 403:
+                raise ctx.fault(
+                    body, "KueueForbidden",
+                    f"cannot read ResourceFlavor {name} to place the job's pods on its nodes: {exc.message} "
+                    "(the cluster-wide install grants it; the namespaced one cannot)",
+                ) from None  # fmt: skip
+            raise
+    return out
 
 
 def forget(ctx: context.Context, body: Mapping[str, Any], job: inputs.JobInput) -> None:

@@ -17,6 +17,8 @@ for the caller (kopf) to retry.
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import math
 import socket
 from collections.abc import Mapping
 from typing import Any
@@ -101,6 +103,7 @@ class Reconciler:
         mem.outcome = outcome
         if lifecycle.expired(outcome, model.spec.ttl_seconds_after_finished, context.now()):
             apply.release(ctx, body, existing)
+            mem.released = True
             job = inputs.JobInput.from_resolved(resolved, uid, {}, inputs.StoreWiring(secret=None))
             return dataclasses.replace(job, finished=True)
         store, issue = credentials.wire_storage(ctx, body, model, mem, existing)
@@ -121,8 +124,8 @@ class Reconciler:
         )
         queue = queueing.queue_name(body)
         if queue is not None:
-            held = queueing.admit(ctx, body, job, queue, outcome.type if outcome is not None else None)
-            job = dataclasses.replace(job, held=held)
+            held, where = queueing.admit(ctx, body, job, queue, outcome.type if outcome is not None else None)
+            job = dataclasses.replace(job, held=held, placement=where)
         else:
             queueing.forget(ctx, body, job)
         apply.apply_children(ctx, body, job, existing)
@@ -147,6 +150,20 @@ class Reconciler:
             self.rebalance(body)
         elif admission:  # Kueue admitted or evicted the job, or its pods are gone after an eviction
             self.reconcile(body)
+
+    def next_pass_in(self, body: Mapping[str, Any]) -> float | None:
+        """How long a finished job can wait for its next pass: None while it runs or its status still
+        moves (the usual interval), the time left to ``ttlSecondsAfterFinished``, or ``math.inf`` when
+        nothing more is due (finished jobs are then not polled)."""
+        meta = body["metadata"]
+        mem = self.memory(meta["namespace"], meta["name"])
+        if mem.outcome is None or not mem.settled:
+            return None
+        ttl = (body.get("spec") or {}).get("ttlSecondsAfterFinished")
+        if ttl is None or mem.released:
+            return math.inf
+        ended = datetime.datetime.fromisoformat(mem.outcome.time.replace("Z", "+00:00"))
+        return max(0.0, ended.timestamp() + float(ttl) - context.now().timestamp())
 
     def _admission_changed(self, body: Mapping[str, Any], mem: JobMemory) -> bool:
         """Whether the job's Kueue Workload says something the last reconcile did not act on."""

@@ -29,7 +29,7 @@ unowned, so ``kubectl scale`` or an HPA on the Deployment is not fought.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from echo_operator import names
@@ -56,7 +56,34 @@ def desired(job: inputs.JobInput, settings: Settings) -> list[Object]:
         *(pools.pool_deployment(job, pool, settings) for pool in job.pools),
         *(obj for model in job.spec.reward_models for obj in scorers.scorer_children(job, model, settings)),
     ]
-    return [o for o in objects if o is not None]
+    return [placed(o, job.placement) for o in objects if o is not None]
+
+
+def pod_set_name(obj: Object) -> str | None:
+    """The Kueue pod set a child's pods belong to: ``coordinator``, ``trainer``, a pool's name, or a
+    scoring pool's component (None: not a workload)."""
+    labels = obj["metadata"].get("labels") or {}
+    if obj["kind"] == "Deployment":
+        return str(labels.get(names.POOL) or labels.get(names.COMPONENT, "coordinator"))
+    if obj["kind"] == "Job":
+        return "trainer"
+    return None
+
+
+def placed(obj: Object, placement: Mapping[str, inputs.Placement]) -> Object:
+    """``obj`` with its pod set's admitted placement merged into its pod template: the flavor's node
+    labels added to the pod's ``nodeSelector``, its tolerations appended where missing."""
+    name = pod_set_name(obj)
+    where = placement.get(name) if name is not None else None
+    if where is None or (not where.node_selector and not where.tolerations):
+        return obj
+    pod = obj["spec"]["template"]["spec"]
+    if where.node_selector:
+        pod["nodeSelector"] = {**(pod.get("nodeSelector") or {}), **where.node_selector}
+    if where.tolerations:
+        have = list(pod.get("tolerations") or [])
+        pod["tolerations"] = have + [dict(t) for t in where.tolerations if dict(t) not in have]
+    return obj
 
 
 def key(obj: Object) -> tuple[str, str]:

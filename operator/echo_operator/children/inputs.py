@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import Any
 
 from echo_runtime import spec as echo_spec
 
@@ -65,6 +66,16 @@ class Hold:
 
 
 @dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where Kueue admitted one pod set: its ResourceFlavors' node labels and tolerations (and an
+    admission check's pod set updates), which the pod set's pods get beside their own, as Kueue's
+    built-in integrations apply them (:func:`echo_operator.queueing.placement`)."""
+
+    node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class JobInput:
     """Everything the children depend on: nothing here is read from the cluster by this module."""
 
@@ -84,6 +95,8 @@ class JobInput:
     """Set when external workers join: the coordinator also serves TLS, on its external Service."""
     held: Hold | None = None
     """Why Kueue does not let the job run now (:mod:`echo_operator.queueing`); None: not held."""
+    placement: Mapping[str, Placement] = dataclasses.field(default_factory=dict)
+    """Pod set name (``coordinator``, ``trainer``, a pool's name) → where Kueue admitted it."""
 
     @classmethod
     def from_resolved(

@@ -217,3 +217,73 @@ def test_a_missing_priority_class_or_queue_api_is_reported_on_the_field(
     ready = until(reported, timeout=30)
     assert "kueue.x-k8s.io/priority-class" in ready["message"] and "no-such-class" in ready["message"]
     assert shape(kube, ns, "nopri")["trainer-job"] == 0
+
+
+def test_the_pods_go_where_kueue_admitted_them(
+    kueue: Kueue,
+    operator: KopfRunner,
+    kube_apiserver: KubeApiServer,
+    kube_namespace: str,
+    storage_secret: str,
+    storage_yaml: Callable[..., str],
+    bucket: str,
+) -> None:
+    """Two ResourceFlavors; the first has no CPU to give, so Kueue admits the job on the second (spot),
+    and the job's pods get that flavor's node labels and toleration, as Kueue's own integrations do.
+    The Workload keeps asking for the pods as the job wrote them."""
+    kube, ns = kube_apiserver, kube_namespace
+    kq = "apiVersion: kueue.x-k8s.io/v1beta2"
+    apply(kube, ns, f"""
+{kq}
+kind: ResourceFlavor
+metadata: {{name: {ns}-reserved}}
+spec: {{nodeLabels: {{echorl.dev/flavor: reserved}}}}
+---
+{kq}
+kind: ResourceFlavor
+metadata: {{name: {ns}-spot}}
+spec:
+  nodeLabels: {{echorl.dev/flavor: spot}}
+  tolerations: [{{key: spot, operator: Exists, effect: NoSchedule}}]
+---
+{kq}
+kind: ClusterQueue
+metadata: {{name: {ns}-flavors}}
+spec:
+  namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: {ns}}}}}
+  resourceGroups:
+  - coveredResources: [cpu, memory]
+    flavors:
+    - name: {ns}-reserved
+      resources: [{{name: cpu, nominalQuota: "0"}}, {{name: memory, nominalQuota: 64Gi}}]
+    - name: {ns}-spot
+      resources: [{{name: cpu, nominalQuota: "4"}}, {{name: memory, nominalQuota: 64Gi}}]
+---
+{kq}
+kind: LocalQueue
+metadata: {{name: flavored, namespace: {ns}}}
+spec: {{clusterQueue: {ns}-flavors}}
+""", "--server-side")  # fmt: skip
+    text = job("spotted", storage_yaml(bucket), "unused", queue="flavored").replace(
+        ", kueue.x-k8s.io/priority-class: unused", ""
+    )
+    apply(kube, ns, text)
+    until(lambda: shape(kube, ns, "spotted") == RUNNING or None, timeout=60)
+    wl = workload(kube, ns, "spotted")
+    assignments = {
+        a["name"]: set(a["flavors"].values()) for a in wl["status"]["admission"]["podSetAssignments"]
+    }
+    assert assignments == {"coordinator": {f"{ns}-spot"}, "trainer": {f"{ns}-spot"}, "cpu": {f"{ns}-spot"}}
+    toleration = {"key": "spot", "operator": "Exists", "effect": "NoSchedule"}
+    templates = [
+        get(kube, ns, "deployment", "spotted-coordinator"),
+        get(kube, ns, "deployment", "spotted-cpu"),
+        get(kube, ns, "job", "spotted-trainer"),
+    ]
+    for obj in templates:
+        pod = obj["spec"]["template"]["spec"]
+        assert pod.get("nodeSelector", {}).get("echorl.dev/flavor") == "spot", obj["metadata"]["name"]
+        assert toleration in pod.get("tolerations", []), obj["metadata"]["name"]
+    # What the Workload charges stays the job's own request: no flavor labels in its pod sets.
+    for pod_set in wl["spec"]["podSets"]:
+        assert "echorl.dev/flavor" not in (pod_set["template"]["spec"].get("nodeSelector") or {})

@@ -311,3 +311,60 @@ def test_a_held_job_runs_no_process(make_job: Any) -> None:
     objs = children.desired(held, SETTINGS)
     assert not [o for o in objs if o["kind"] == "Job"]
     assert all(o["spec"].get("replicas") == 0 for o in objs if o["kind"] == "Deployment")
+
+
+SPOT = {
+    "metadata": {"name": "spot"},
+    "spec": {
+        "nodeLabels": {"echorl.dev/flavor": "spot", "topology.kubernetes.io/zone": "z1"},
+        "tolerations": [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}],
+    },
+}
+
+
+def admitted_on(assignments: list[dict[str, Any]], **status: Any) -> dict[str, Any]:
+    wl = workload(*ADMITTED, admission=True)
+    wl["status"]["admission"]["podSetAssignments"] = assignments
+    wl["status"].update(status)
+    return wl
+
+
+def test_the_admitted_flavors_node_labels_and_tolerations_reach_each_pod_set(make_job: Any) -> None:
+    wl = admitted_on([
+        {"name": "coordinator", "flavors": {"cpu": "default", "memory": "default"}, "count": 1},
+        {"name": "trainer", "flavors": {"cpu": "spot", "memory": "spot"}, "count": 1},
+        {"name": "cpu", "flavors": {"cpu": "spot"}, "count": 1},
+    ])  # fmt: skip
+    assert queueing.flavor_names(wl) == ["default", "spot"]
+    where = queueing.placement(wl, {"default": {"spec": {}}, "spot": SPOT})
+    assert where["coordinator"] == inputs.Placement({}, ())
+    assert dict(where["trainer"].node_selector) == SPOT["spec"]["nodeLabels"]
+    assert list(where["trainer"].tolerations) == SPOT["spec"]["tolerations"]
+    # Not admitted (queued, or evicted): nowhere in particular.
+    assert queueing.placement(workload(*ADMITTED, PREEMPTED, admission=True), {"spot": SPOT}) == {}
+    assert queueing.placement(None, {}) == {}
+
+    # The pods get it beside their own selector and tolerations; the Workload's pod sets do not.
+    job = dataclasses.replace(make_job(), placement=where)
+    objs = {children.pod_set_name(o): o for o in children.desired(job, SETTINGS) if children.pod_set_name(o)}
+    trainer = objs["trainer"]["spec"]["template"]["spec"]
+    assert trainer["nodeSelector"].items() >= SPOT["spec"]["nodeLabels"].items()
+    assert SPOT["spec"]["tolerations"][0] in trainer["tolerations"]
+    pool = objs["cpu"]["spec"]["template"]["spec"]
+    assert pool["nodeSelector"]["echorl.dev/flavor"] == "spot"
+    assert "nodeSelector" not in objs["coordinator"]["spec"]["template"]["spec"] or (
+        "echorl.dev/flavor" not in objs["coordinator"]["spec"]["template"]["spec"]["nodeSelector"]
+    )
+    assert queueing.pod_sets(job, SETTINGS) == queueing.pod_sets(make_job(), SETTINGS)
+
+
+def test_an_admission_checks_pod_set_updates_add_to_the_flavors() -> None:
+    check = {"name": "provisioning", "state": "Ready", "podSetUpdates": [
+        {"name": "trainer", "nodeSelector": {"cloud.example.com/provisioned": "req-1"},
+         "tolerations": [{"key": "provisioned", "operator": "Exists"}]},
+    ]}  # fmt: skip
+    wl = admitted_on([{"name": "trainer", "flavors": {"cpu": "spot"}, "count": 1}], admissionChecks=[check])
+    where = queueing.placement(wl, {"spot": SPOT})["trainer"]
+    assert where.node_selector["cloud.example.com/provisioned"] == "req-1"
+    assert where.node_selector["echorl.dev/flavor"] == "spot"
+    assert {"key": "provisioned", "operator": "Exists"} in where.tolerations and len(where.tolerations) == 2
