@@ -50,6 +50,10 @@ class Settings:
     ``{coordinator}`` (the Service name) and ``{port}`` are filled in."""
     status_interval_s: float = 10.0
     """How often each job's status is refreshed from its coordinator."""
+    status_write_interval_s: float = 30.0
+    """When only a running job's figures moved (reward, rollouts/s, policy version, staleness counts,
+    heartbeats), its status is written at most this often; a change of anything else (a condition,
+    pods, workers, restarts) is written at once."""
     resync_interval_s: float = 60.0
     """How often children are re-applied to undo drift (a no-op when nothing drifted)."""
     http_timeout_s: float = 3.0
@@ -92,6 +96,9 @@ class Settings:
             coordinator_url=env.get("ECHORL_COORDINATOR_URL", defaults.coordinator_url),
             status_interval_s=_seconds(env, "ECHORL_STATUS_INTERVAL", defaults.status_interval_s),
             resync_interval_s=_seconds(env, "ECHORL_RESYNC_INTERVAL", defaults.resync_interval_s),
+            status_write_interval_s=_seconds(
+                env, "ECHORL_STATUS_WRITE_INTERVAL", defaults.status_write_interval_s
+            ),
             http_timeout_s=_seconds(env, "ECHORL_HTTP_TIMEOUT", defaults.http_timeout_s),
             behind_grace_s=_seconds(env, "ECHORL_BEHIND_GRACE", defaults.behind_grace_s),
             restart_cooldown_s=_seconds(env, "ECHORL_RESTART_COOLDOWN", defaults.restart_cooldown_s),

@@ -58,6 +58,12 @@ class JobMemory:
     """``status.restarts`` as last written (None: read it from the job's status)."""
     last_counted: str | None = None
     """``status.lastCountedTrainer`` as last written (None: read it from the job's status)."""
+    status_written_at: float | None = None
+    """When (monotonic) this operator last wrote the job's status."""
+    settled: bool = False
+    """The job is over and its last status pass found nothing to write: no more passes are due."""
+    released: bool = False
+    """``ttlSecondsAfterFinished`` passed and the job's children were deleted."""
     counted_jobs: set[str] = dataclasses.field(default_factory=set)
     """UIDs of failed trainer Jobs already acted on (their deletion takes a moment)."""
     store_credentials: storage.Credentials | None = None

@@ -148,13 +148,26 @@ async def reconcile_job(body: kopf.Body, **_: Any) -> None:
     job = dict(body)
     await _run(_reconciler().reconcile, job, kind="EchoJob", about=job)
     await _run(_reconciler().rebalance, job, kind="EchoJob", about=job)
+    _poke(body).set()  # a finished job's idle daemon takes a pass (a new ttlSecondsAfterFinished)
+
+
+_pokes: dict[tuple[str, str], asyncio.Event] = {}
+"""Per job: set when its spec changed, to wake a finished job's idle daemon (:func:`monitor_job`)."""
+IDLE_CHECK_S = 30.0
+
+
+def _poke(body: kopf.Body) -> asyncio.Event:
+    return _pokes.setdefault((body.metadata.namespace or "", body.metadata.name or ""), asyncio.Event())
 
 
 @kopf.daemon(GROUP, VERSION, "echojobs", cancellation_timeout=5.0)
 async def monitor_job(stopped: kopf.DaemonStopped, body: kopf.Body, **_: Any) -> None:
-    """Status pass on a timer, plus a periodic re-apply of the children."""
+    """Status pass on a timer, plus a periodic re-apply of the children. A finished job whose status
+    has settled is not polled: its daemon idles (no API calls) until ``ttlSecondsAfterFinished`` is
+    due or its spec changes."""
     op = _reconciler()
     last_resync = time.monotonic()
+    poke = _poke(body)
     while not stopped:
         try:
             await _timed("status", op.observe, dict(body))
@@ -163,7 +176,15 @@ async def monitor_job(stopped: kopf.DaemonStopped, body: kopf.Body, **_: Any) ->
                 await _timed("EchoJob", op.reconcile, dict(body))
         except KubeError as exc:
             log.warning("%s/%s: status pass failed: %s", body.metadata.namespace, body.metadata.name, exc)
-        await stopped.wait(op.settings.status_interval_s)
+        due = op.next_pass_in(dict(body))
+        if due is None:
+            await stopped.wait(op.settings.status_interval_s)
+            continue
+        poke.clear()
+        idle_until = time.monotonic() + due
+        while not stopped and not poke.is_set() and time.monotonic() < idle_until:
+            await stopped.wait(min(IDLE_CHECK_S, max(0.0, idle_until - time.monotonic())))
+        last_resync = float("-inf")  # the pass after idling re-applies (the TTL's deletion, a new spec)
 
 
 def _needs_cleanup(body: kopf.Body, **_: Any) -> bool:
@@ -179,6 +200,7 @@ async def cleanup_job(body: kopf.Body, **_: Any) -> None:
 @kopf.on.delete(GROUP, VERSION, "echojobs", optional=True)
 async def forget_job(body: kopf.Body, **_: Any) -> None:
     _reconciler().forget(body.metadata.namespace or "", body.metadata.name or "")
+    _pokes.pop((body.metadata.namespace or "", body.metadata.name or ""), None)
     job = dict(body)
     await _run(_reconciler().rebalance, job, kind="EchoJob", about=job)
 

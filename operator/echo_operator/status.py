@@ -447,6 +447,36 @@ def job_status(obs: Observation, previous: Mapping[str, Any] | None = None) -> O
     return out
 
 
+FIGURES = (
+    "rolloutsPerSecond",
+    "reward",
+    "policyVersion",
+    "maxObservedStaleness",
+    "droppedStale",
+    "weightedStale",
+)
+"""Fields of ``status`` that move on every pass of a running job (written at most every
+``ECHORL_STATUS_WRITE_INTERVAL`` seconds when nothing else changed)."""
+POOL_FIGURES = ("observedPolicyVersion",)
+WORKER_FIGURES = ("loadedVersion", "lastHeartbeat")
+
+
+def without_figures(status: Mapping[str, Any]) -> Object:
+    """``status`` less its :data:`FIGURES` (and the pools' and external workers' moving ones)."""
+    out = {k: v for k, v in status.items() if k not in FIGURES}
+    out["pools"] = [
+        {
+            **{k: v for k, v in pool.items() if k not in POOL_FIGURES},
+            "externalWorkers": [
+                {k: v for k, v in w.items() if k not in WORKER_FIGURES}
+                for w in pool.get("externalWorkers") or []
+            ],
+        }
+        for pool in status.get("pools") or []
+    ]
+    return out
+
+
 def differs(current: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     """Whether writing ``new`` would change ``current`` (absent and ``None`` count as equal)."""
     keys = set(current) | set(new)

@@ -92,6 +92,16 @@ def observed_generation(applied: int | None, previous: Mapping[str, Any]) -> int
     return int(found) if found is not None else None
 
 
+def should_write(
+    previous: Mapping[str, Any], new: Mapping[str, Any], written_at: float | None, interval_s: float
+) -> bool:
+    """Write a changed status now, unless only its figures moved (:data:`status.FIGURES`) and this
+    operator wrote it less than ``interval_s`` ago."""
+    if status_mod.differs(status_mod.without_figures(previous), status_mod.without_figures(new)):
+        return True
+    return written_at is None or time.monotonic() - written_at >= interval_s
+
+
 def outcome_event(decision: lifecycle.Decision) -> tuple[str, str]:
     """(type, reason) of the Event for a job that just ended."""
     if decision.action == "Succeed":
@@ -288,6 +298,7 @@ def write_status(
         or (events.now_rfc3339() if job is not None and job.active else None),
     )
     new = status_mod.job_status(obs, previous)
+    new["lastCountedTrainer"] = mem.last_counted or previous.get("lastCountedTrainer")
     conds = status_mod.conditions(obs, previous)
     old_conditions = list(previous.get("conditions") or [])
     new["conditions"] = conditions.merge(old_conditions, conds, obs.generation, events.now_rfc3339())
@@ -298,12 +309,19 @@ def write_status(
             change.condition.reason,
             f"{change.condition.type} is {change.condition.status}: {change.condition.message}",
         )
-    if status_mod.differs(previous, new):
+    changed = status_mod.differs(previous, new)
+    if changed and not should_write(
+        previous, new, mem.status_written_at, ctx.settings.status_write_interval_s
+    ):
+        changed = False  # only the figures moved, and they were written a moment ago
+    elif changed:
         try:
             kube.patch_status(GV, "EchoJob", namespace, name, new)
         except KubeError as exc:
             if not exc.not_found:  # deleted meanwhile
                 raise
+        mem.status_written_at = time.monotonic()
+    mem.settled = mem.outcome is not None and not changed
     if fetch_doc and job is not None:  # the swarms' replica counts follow their Deployments
         for swarm in sorted({p.swarm for p in job.pools if p.swarm is not None}):
             update_swarm_status(ctx, namespace, "InferenceSwarm", swarm)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import yaml
 from kopf.testing import KopfRunner
 from operator_kit import apply, get, kubectl_ok, reasons, service_account_kubeconfig, until
 
+from echo_operator import handlers
 from services.kube import KubeApiServer
 
 pytestmark = [pytest.mark.services, pytest.mark.usefixtures("delete_jobs")]
@@ -177,15 +179,25 @@ def test_an_out_of_memory_rank_fails_the_job_and_a_deadline_stops_one(
     assert (
         get(kube, ns, "job", "flaky-trainer")["metadata"]["uid"] == trainer["metadata"]["uid"]
     )  # not retried
+    # Once its status settles, the finished job is not polled any more (its daemon idles).
+    reconciler = handlers._state["reconciler"]
+    until(lambda: reconciler.next_pass_in(get(kube, ns, "echojob", "flaky")) == math.inf)
 
-    # A deadline: 3 s after it started, the job fails and its trainer Job is suspended (pods stopped).
+    # A deadline: 3 s after it started, the job fails, its trainer Job is suspended (pods stopped) and
+    # everything scaled to zero; ttlSecondsAfterFinished later removes the children, from the idle daemon.
+    extra = "backoffLimit: 3\n  activeDeadlineSeconds: 3\n  ttlSecondsAfterFinished: 8"
     deadline = (
-        job(storage_yaml(bucket))
-        .replace("name: flaky", "name: hurried")
-        .replace("backoffLimit: 3", "backoffLimit: 3\n  activeDeadlineSeconds: 3")
+        job(storage_yaml(bucket)).replace("name: flaky", "name: hurried").replace("backoffLimit: 3", extra)
     )
     apply(kube, ns, deadline)
     cond = until(lambda: failed_condition(kube, ns, "hurried"), timeout=60)
     assert cond["reason"] == "DeadlineExceeded" and "activeDeadlineSeconds 3" in cond["message"], cond
     assert get(kube, ns, "job", "hurried-trainer")["spec"]["suspend"] is True
-    until(lambda: get(kube, ns, "deployment", "hurried-coordinator")["spec"]["replicas"] == 0)
+    assert get(kube, ns, "deployment", "hurried-coordinator")["spec"]["replicas"] == 0
+    until(
+        lambda: 0 < reconciler.next_pass_in(get(kube, ns, "echojob", "hurried")) < math.inf
+    )  # idle till the TTL
+    until(
+        lambda: kube.kubectl("get", "deployment", "hurried-coordinator", "-n", ns).returncode != 0, timeout=60
+    )
+    assert get(kube, ns, "echojob", "hurried")["status"]["conditions"]  # the EchoJob and its status stay

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -139,3 +140,38 @@ def test_one_failed_read_is_retried_and_a_lasting_failure_is_timed(
     answers[:] = ["back"]
     status_pass.fetch(ctx, mem, "ns", "demo")  # type: ignore[arg-type]
     assert (mem.doc, mem.doc_error_since) == ("back", None)
+
+
+def running_status(**figures: Any) -> dict[str, Any]:
+    pool = {"name": "cpu", "replicas": 2, "readyReplicas": 2, "workers": 2, "observedPolicyVersion": 7,
+            "externalWorkers": [{"id": "mac", "loadedVersion": 7, "lastHeartbeat": "2026-12-01T00:00:00Z"}]}  # fmt: skip
+    return {"policyVersion": 7, "reward": 0.5, "rolloutsPerSecond": 3.2, "restarts": 0, "pools": [pool],
+            "conditions": [{"type": "Ready", "status": "True"}], **figures}  # fmt: skip
+
+
+def test_moving_figures_are_written_at_most_every_interval_anything_else_at_once() -> None:
+    before = running_status()
+    figures = running_status(policyVersion=8, reward=0.6, rolloutsPerSecond=4.0)
+    figures["pools"][0]["externalWorkers"][0]["lastHeartbeat"] = "2026-12-01T00:00:09Z"
+    now = time.monotonic()
+    # Only figures moved: written if the last write is older than the interval (or never happened).
+    assert status_pass.should_write(before, figures, written_at=None, interval_s=30)
+    assert not status_pass.should_write(before, figures, written_at=now - 5, interval_s=30)
+    assert status_pass.should_write(before, figures, written_at=now - 31, interval_s=30)
+    # A condition, a pool's pods or workers, a new external worker, a restart: at once.
+    for change in (
+        {"conditions": [{"type": "Ready", "status": "False"}]},
+        {"restarts": 1},
+        {"pools": [{**before["pools"][0], "readyReplicas": 1}]},
+        {
+            "pools": [
+                {
+                    **before["pools"][0],
+                    "externalWorkers": [*before["pools"][0]["externalWorkers"], {"id": "pc"}],
+                }
+            ]
+        },
+    ):
+        assert status_pass.should_write(before, {**figures, **change}, written_at=now - 1, interval_s=30), (
+            change
+        )
