@@ -38,6 +38,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("kueue.x-k8s.io/v1beta2", "WorkloadPriorityClass"): "workloadpriorityclasses",
     ("kueue.x-k8s.io/v1beta2", "ResourceFlavor"): "resourceflavors",
     ("coordination.k8s.io/v1", "Lease"): "leases",
+    ("apiextensions.k8s.io/v1", "CustomResourceDefinition"): "customresourcedefinitions",
 }
 
 

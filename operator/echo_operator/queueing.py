@@ -30,6 +30,7 @@ The decisions are pure functions of the job and the stored Workload; :func:`admi
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -42,10 +43,18 @@ from echo_operator.kube import KubeError
 Object = dict[str, Any]
 
 API = "kueue.x-k8s.io/v1beta2"
+CRD_API = "apiextensions.k8s.io/v1"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 MAX_POD_SETS = 8
-"""Kueue's limit on a Workload's pod sets: the coordinator, the trainer and at most six pools."""
+"""Kueue's limit on a Workload's pod sets when its Workload CRD cannot be read (8 in v0.15-v0.17): the
+coordinator, the trainer and at most six pools. Where it can, the limit is the installed CRD's own
+(:func:`pod_set_limit`)."""
+MIN_KUEUE = "v0.15"
+"""The oldest Kueue whose Workloads Echo writes: the first to serve ``kueue.x-k8s.io/v1beta2``."""
+WORKLOAD_CRD = "workloads.kueue.x-k8s.io"
+_LIMIT_TTL_S = 600.0
+_limit_cache: dict[str, tuple[float, int]] = {}
 REQUEUED_AFTER = ("Preempted", "NodeFailures")
 """Eviction reasons after which Kueue queues the Workload again on its own (its job reconciler's rule)."""
 _POD_FIELDS = ("nodeSelector", "tolerations", "affinity")
@@ -185,16 +194,56 @@ def workload(
     }
 
 
-def too_many_pod_sets(job: inputs.JobInput, settings: Settings) -> str | None:
-    """Why Kueue cannot take this job (None: it can)."""
+def too_many_pod_sets(job: inputs.JobInput, settings: Settings, limit: int = MAX_POD_SETS) -> str | None:
+    """Why Kueue cannot take this job (None: it can); ``limit`` is the installed Kueue's."""
     n = len(pod_sets(job, settings))
-    if n <= MAX_POD_SETS:
+    if n <= limit:
         return None
     return (
-        f"Kueue admits at most {MAX_POD_SETS} pod sets per Workload (the coordinator, the trainer and "
-        f"{MAX_POD_SETS - 2} in-cluster pools); this job needs {n}: merge pools or drop the "
+        f"Kueue admits at most {limit} pod sets per Workload (the coordinator, the trainer and "
+        f"{limit - 2} in-cluster pools); this job needs {n}: merge pools or drop the "
         f"{QUEUE_LABEL} label"
     )
+
+
+def pod_set_limit(crd: Mapping[str, Any]) -> int | None:
+    """The most pod sets the installed Kueue takes (its Workload CRD's ``spec.podSets.maxItems`` in
+    ``v1beta2``), or None when that version is not served: Kueue older than :data:`MIN_KUEUE`."""
+    for version in (crd.get("spec") or {}).get("versions") or []:
+        if version.get("name") != API.split("/")[1] or not version.get("served"):
+            continue
+        schema = ((version.get("schema") or {}).get("openAPIV3Schema") or {}).get("properties") or {}
+        pod_sets_schema = ((schema.get("spec") or {}).get("properties") or {}).get("podSets") or {}
+        return int(pod_sets_schema.get("maxItems") or MAX_POD_SETS)
+    return None
+
+
+def _pod_set_limit(ctx: context.Context, body: Mapping[str, Any]) -> int:
+    """The installed Kueue's pod-set limit, read from its CRD every 10 minutes at most; the default
+    when the CRD cannot be read (the namespaced install may not). A Kueue too old is a fault."""
+    now = time.monotonic()
+    cached = _limit_cache.get(WORKLOAD_CRD)
+    if cached is not None and now - cached[0] < _LIMIT_TTL_S:
+        return cached[1]
+    try:
+        crd = ctx.kube.get(CRD_API, "CustomResourceDefinition", None, WORKLOAD_CRD)
+    except KubeError as exc:
+        if exc.status != 403:
+            raise
+        crd = None
+    limit = MAX_POD_SETS
+    if crd is not None:
+        found = pod_set_limit(crd)
+        if found is None:
+            served = [v.get("name") for v in (crd.get("spec") or {}).get("versions") or [] if v.get("served")]
+            raise ctx.fault(
+                body, "KueueTooOld",
+                f"the installed Kueue serves Workloads as {', '.join(map(str, served))}; Echo writes "
+                f"{API} Workloads: upgrade Kueue to {MIN_KUEUE} or newer",
+            )  # fmt: skip
+        limit = found
+    _limit_cache[WORKLOAD_CRD] = (now, limit)
+    return limit
 
 
 def _resources(pod_set: Mapping[str, Any]) -> list[Any]:
@@ -354,7 +403,7 @@ def admit(
     Finished so that its quota is released.
     """
     kube, name = ctx.kube, names.workload(job.name)
-    problem = too_many_pod_sets(job, ctx.settings)
+    problem = too_many_pod_sets(job, ctx.settings, _pod_set_limit(ctx, body))
     if problem is not None:
         raise ctx.fault(body, "TooManyPodSets", problem)
     try:

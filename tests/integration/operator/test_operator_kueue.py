@@ -287,3 +287,12 @@ spec: {{clusterQueue: {ns}-flavors}}
     # What the Workload charges stays the job's own request: no flavor labels in its pod sets.
     for pod_set in wl["spec"]["podSets"]:
         assert "echorl.dev/flavor" not in (pod_set["template"]["spec"].get("nodeSelector") or {})
+
+
+def test_the_pod_set_limit_is_read_from_the_installed_kueue(
+    kueue: Kueue, kube_apiserver: KubeApiServer
+) -> None:
+    from echo_operator import queueing
+
+    crd = kube_apiserver.kubectl_json("get", "crd", queueing.WORKLOAD_CRD)
+    assert queueing.pod_set_limit(crd) == 8  # Kueue v0.17's Workload CRD: podSets maxItems 8

@@ -131,6 +131,7 @@ def test_more_pod_sets_than_kueue_takes_is_refused_with_the_count(make_job: Any)
     message = queueing.too_many_pod_sets(job, SETTINGS)
     assert message is not None and "at most 8" in message and "needs 9" in message
     assert queueing.too_many_pod_sets(make_job(), SETTINGS) is None
+    assert queueing.too_many_pod_sets(job, SETTINGS, limit=16) is None  # a Kueue that takes more
 
 
 def cond(kind: str, status: str, reason: str = "R", message: str = "", when: str = EARLIER) -> dict[str, Any]:
@@ -368,3 +369,17 @@ def test_an_admission_checks_pod_set_updates_add_to_the_flavors() -> None:
     assert where.node_selector["cloud.example.com/provisioned"] == "req-1"
     assert where.node_selector["echorl.dev/flavor"] == "spot"
     assert {"key": "provisioned", "operator": "Exists"} in where.tolerations and len(where.tolerations) == 2
+
+
+def test_the_pod_set_limit_is_the_installed_kueues_and_a_kueue_too_old_is_named() -> None:
+    def crd(*versions: tuple[str, bool, int | None]) -> dict[str, Any]:
+        return {"spec": {"versions": [
+            {"name": name, "served": served, "schema": {"openAPIV3Schema": {"properties": {"spec": {"properties": {
+                "podSets": {"type": "array", **({"maxItems": most} if most else {})}}}}}}}
+            for name, served, most in versions
+        ]}}  # fmt: skip
+
+    assert queueing.pod_set_limit(crd(("v1beta1", True, 8), ("v1beta2", True, 16))) == 16
+    assert queueing.pod_set_limit(crd(("v1beta2", True, None))) == queueing.MAX_POD_SETS
+    assert queueing.pod_set_limit(crd(("v1beta1", True, 8))) is None  # Kueue < v0.15
+    assert queueing.pod_set_limit(crd(("v1beta1", True, 8), ("v1beta2", False, 8))) is None
