@@ -141,9 +141,15 @@ def close(**_: Any) -> None:
 # -- EchoJob ---------------------------------------------------------------------------------------
 
 
-@kopf.on.resume(GROUP, VERSION, "echojobs", backoff=10)
-@kopf.on.create(GROUP, VERSION, "echojobs", backoff=10)
-@kopf.on.update(GROUP, VERSION, "echojobs", field="spec", backoff=10)
+def _ours(body: kopf.Body, **_: Any) -> bool:
+    """Whether this operator runs the EchoJob: not when ``spec.managedBy`` names another controller
+    (e.g. MultiKueue's), which then owns it; nothing is applied, polled or written for it here."""
+    return names.managed_elsewhere(body) is None
+
+
+@kopf.on.resume(GROUP, VERSION, "echojobs", backoff=10, when=_ours)
+@kopf.on.create(GROUP, VERSION, "echojobs", backoff=10, when=_ours)
+@kopf.on.update(GROUP, VERSION, "echojobs", field="spec", backoff=10, when=_ours)
 async def reconcile_job(body: kopf.Body, **_: Any) -> None:
     job = dict(body)
     await _run(_reconciler().reconcile, job, kind="EchoJob", about=job)
@@ -160,7 +166,7 @@ def _poke(body: kopf.Body) -> asyncio.Event:
     return _pokes.setdefault((body.metadata.namespace or "", body.metadata.name or ""), asyncio.Event())
 
 
-@kopf.daemon(GROUP, VERSION, "echojobs", cancellation_timeout=5.0)
+@kopf.daemon(GROUP, VERSION, "echojobs", cancellation_timeout=5.0, when=_ours)
 async def monitor_job(stopped: kopf.DaemonStopped, body: kopf.Body, **_: Any) -> None:
     """Status pass on a timer, plus a periodic re-apply of the children. A finished job whose status
     has settled is not polled: its daemon idles (no API calls) until ``ttlSecondsAfterFinished`` is
@@ -188,7 +194,7 @@ async def monitor_job(stopped: kopf.DaemonStopped, body: kopf.Body, **_: Any) ->
 
 
 def _needs_cleanup(body: kopf.Body, **_: Any) -> bool:
-    return credentials.needs_cleanup(body)
+    return _ours(body) and credentials.needs_cleanup(body)
 
 
 @kopf.on.delete(GROUP, VERSION, "echojobs", when=_needs_cleanup, retries=5, backoff=5)

@@ -10,12 +10,23 @@ Pods of a pool that comes from an ``InferenceSwarm`` object also carry
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from echo_runtime import spec
 
 GROUP = spec.API_GROUP
 MANAGER = "echorl-operator"
+CONTROLLER = "echorl.dev/operator"
+"""This operator's name in an EchoJob's ``spec.managedBy`` (unset means the same)."""
+
+
+def managed_elsewhere(body: Mapping[str, Any]) -> str | None:
+    """The other controller an EchoJob names in ``spec.managedBy`` (None: this operator runs it)."""
+    value = (body.get("spec") or {}).get("managedBy")
+    return str(value) if value and value != CONTROLLER else None
+
+
 """Field manager of the operator's server-side applies, and ``app.kubernetes.io/managed-by``."""
 FINALIZER = f"{GROUP}/cleanup"
 

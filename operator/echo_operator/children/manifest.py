@@ -25,6 +25,7 @@ _PLACEMENT = frozenset(
 
 _OPERATOR_ONLY = {
     "suspend", "backoff_limit", "ttl_seconds_after_finished", "active_deadline_seconds", "oom_policy",
+    "managed_by",
 }  # fmt: skip
 """Spec fields only the operator acts on: changing them restarts no process."""
 

@@ -62,6 +62,11 @@ class EchoJobSpec(SpecModel):
                 RESERVED_POOL_NAMES,
                 ".inferenceSwarms",
             ),
+            (
+                "has(self.managedBy) == has(oldSelf.managedBy)",
+                "managedBy is immutable: it may be set only when the job is created",
+                ".managedBy",
+            ),
         )
     )
 
@@ -113,6 +118,18 @@ class EchoJobSpec(SpecModel):
     ``OOMKilled`` (the same step would run out of memory again: raise the trainer's memory limit or
     lower ``microBatchSize``/``microBatchTokens``), or ``Retry`` it like any failure, counted against
     ``backoffLimit``."""
+    managed_by: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=63,
+        json_schema_extra=cel(
+            ("self == oldSelf", "managedBy is immutable: it may be set only when the job is created")
+        ),
+    )
+    """The controller that runs this job (as a Job's ``managedBy``): unset or ``echorl.dev/operator``,
+    Echo's operator; anything else, e.g. ``kueue.x-k8s.io/multikueue`` on a MultiKueue manager cluster,
+    and the operator leaves the job alone — no children, no status — for that controller to run it
+    (elsewhere) and mirror its status. Set only at creation."""
     ttl_seconds_after_finished: Int | None = Field(default=None, ge=0)
     """Seconds after the job Succeeded or Failed before its children (Deployments, Services, the
     trainer Job, Secrets, ConfigMap) are deleted; the EchoJob, its status and the snapshots stay.

@@ -13,6 +13,7 @@ import contextlib
 import datetime
 import json
 import math
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 from kopf.testing import KopfRunner
-from operator_kit import apply, get, kubectl_ok, reasons, service_account_kubeconfig, until
+from operator_kit import apply, children_of, get, kubectl_ok, reasons, service_account_kubeconfig, until
 
 from echo_operator import handlers
 from services.kube import KubeApiServer
@@ -201,3 +202,36 @@ def test_an_out_of_memory_rank_fails_the_job_and_a_deadline_stops_one(
         lambda: kube.kubectl("get", "deployment", "hurried-coordinator", "-n", ns).returncode != 0, timeout=60
     )
     assert get(kube, ns, "echojob", "hurried")["status"]["conditions"]  # the EchoJob and its status stay
+
+
+def test_a_job_managed_by_another_controller_is_left_alone(
+    kube_apiserver: KubeApiServer,
+    kube_namespace: str,
+    operator: KopfRunner,
+    storage_secret: str,
+    bucket: str,
+    storage_yaml: Callable[..., str],
+) -> None:
+    """``spec.managedBy`` naming another controller (MultiKueue's, on a manager cluster): no children,
+    no status, no finalizer; and the field can only be set at creation."""
+    kube, ns = kube_apiserver, kube_namespace
+    ours = job(storage_yaml(bucket)).replace("name: flaky", "name: ours")
+    theirs = ours.replace("name: ours", "name: theirs").replace(
+        "backoffLimit: 3", "backoffLimit: 3\n  managedBy: kueue.x-k8s.io/multikueue"
+    )
+    apply(kube, ns, theirs)
+    apply(kube, ns, ours)
+    until(lambda: get_or_none(kube, ns, "ours-trainer"))
+    until(lambda: (get(kube, ns, "echojob", "ours").get("status") or {}).get("conditions"))
+    time.sleep(3)  # six status passes of the operator here (every 0.5 s)
+    left = get(kube, ns, "echojob", "theirs")
+    assert "status" not in left or not left["status"], left.get("status")
+    assert not left["metadata"].get("finalizers"), left["metadata"]
+    assert not children_of(kube, ns, "theirs")
+    # Immutable: neither removed from, nor added to, an existing job.
+    refused = kube.kubectl("patch", "echojob", "theirs", "-n", ns, "--type=json",
+                           "-p", '[{"op": "remove", "path": "/spec/managedBy"}]')  # fmt: skip
+    assert refused.returncode != 0 and "managedBy is immutable" in refused.stderr, refused.stderr
+    refused = kube.kubectl("patch", "echojob", "ours", "-n", ns, "--type=merge",
+                           "-p", '{"spec": {"managedBy": "kueue.x-k8s.io/multikueue"}}')  # fmt: skip
+    assert refused.returncode != 0 and "managedBy is immutable" in refused.stderr, refused.stderr
