@@ -462,8 +462,14 @@ WORKER_FIGURES = ("loadedVersion", "lastHeartbeat")
 
 
 def without_figures(status: Mapping[str, Any]) -> Object:
-    """``status`` less its :data:`FIGURES` (and the pools' and external workers' moving ones)."""
+    """``status`` less its :data:`FIGURES` (and the pools' and external workers' moving ones), and its
+    conditions less their messages: a message that only restates moving figures ("policy version 41
+    of 200; 3.2 rollouts/s") waits with them, while a change of a condition's status or reason does not."""
     out = {k: v for k, v in status.items() if k not in FIGURES}
+    out["conditions"] = [
+        {k: c.get(k) for k in ("type", "status", "reason", "observedGeneration")}
+        for c in status.get("conditions") or []
+    ]
     out["pools"] = [
         {
             **{k: v for k, v in pool.items() if k not in POOL_FIGURES},

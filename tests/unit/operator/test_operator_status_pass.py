@@ -152,6 +152,9 @@ def running_status(**figures: Any) -> dict[str, Any]:
 def test_moving_figures_are_written_at_most_every_interval_anything_else_at_once() -> None:
     before = running_status()
     figures = running_status(policyVersion=8, reward=0.6, rolloutsPerSecond=4.0)
+    figures["conditions"] = [
+        {"type": "Ready", "status": "True", "message": "policy version 8; 4.0 rollouts/s"}
+    ]
     figures["pools"][0]["externalWorkers"][0]["lastHeartbeat"] = "2026-12-01T00:00:09Z"
     now = time.monotonic()
     # Only figures moved: written if the last write is older than the interval (or never happened).
