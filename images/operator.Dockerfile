@@ -15,7 +15,7 @@ ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_
 RUN python3 -m venv /opt/echorl \
  && pip install --index-url "$PIP_INDEX_URL" "pydantic==2.14.3" "pyyaml>=6.0" "click>=8.1" "kopf==1.45.2" \
       "kubernetes==36.0.3" "python-dateutil>=2.8,<3" "minio==7.2.20" "httpx==0.28.1" "numpy>=1.26,<3" \
-      "cryptography==50.0.2" \
+      "cryptography==50.0.2" "prometheus-client==0.26.0" \
       "setuptools>=69" wheel
 WORKDIR /src
 COPY pyproject.toml README.md ./

@@ -44,6 +44,23 @@ def coordinator_args(job: inputs.JobInput, settings: Settings) -> list[str]:
     )
 
 
+STARTUP_WAIT = """\
+import sys, time, urllib.request
+deadline = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < deadline:
+    try:
+        urllib.request.urlopen(sys.argv[2], timeout=2).close()
+        sys.exit(0)
+    except Exception:
+        time.sleep(0.2)
+sys.exit(1)
+"""
+"""The coordinator's startup probe: waits (up to ``argv[1]`` seconds) until ``/healthz`` answers. An HTTP
+probe would be refused while the coordinator starts — a kubelet ``Unhealthy`` Warning on every job
+although nothing is wrong; this one fails only if the coordinator does not come up at all."""
+STARTUP_WAIT_S = 110
+
+
 def coordinator_deployment(job: inputs.JobInput, settings: Settings) -> Object:
     config_volume, config_mount = pods.config_volume(job)
     scratch, scratch_mounts = pods.scratch_volumes(shm=False)
@@ -56,6 +73,20 @@ def coordinator_deployment(job: inputs.JobInput, settings: Settings) -> Object:
         "env": pods.common_env()
         + pods.store_env(job.store, readonly=False)
         + ([scorers.token_env(job)] if job.spec.reward_models else []),
+        "startupProbe": {
+            "exec": {
+                "command": [
+                    "python",
+                    "-c",
+                    STARTUP_WAIT,
+                    str(STARTUP_WAIT_S),
+                    f"http://127.0.0.1:{names.COORDINATOR_PORT}/healthz",
+                ]
+            },
+            "timeoutSeconds": STARTUP_WAIT_S + 10,
+            "periodSeconds": 10,
+            "failureThreshold": 3,
+        },
         "readinessProbe": {
             "httpGet": {"path": "/healthz", "port": "http"},
             "periodSeconds": 5,

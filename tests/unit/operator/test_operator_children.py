@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import pathlib
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -344,6 +345,50 @@ def test_coordinator_is_a_recreated_singleton_with_probes_and_the_tokens_file(ma
     volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
     assert volumes["tokens"] == {"name": "tokens", "secret": {"secretName": "demo-tokens"}}
     assert volumes["job"] == {"name": "job", "configMap": {"name": "demo-config"}}
+
+
+def test_the_coordinators_startup_probe_waits_for_it_instead_of_being_refused(make_job: Any) -> None:
+    """The probe's script, run for real: it returns 0 once /healthz answers (the server comes up a
+    moment after it starts, as a coordinator does), 1 when nothing answers within its time."""
+    import http.server
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from echo_operator.children import coordinator as coordinator_children
+
+    c = container(by_key(children.desired(make_job(), SETTINGS))[("Deployment", "demo-coordinator")])
+    probe = c["startupProbe"]
+    assert probe["timeoutSeconds"] > coordinator_children.STARTUP_WAIT_S  # the kubelet lets it wait
+    script, limit, url = probe["exec"]["command"][2:]
+    assert url.endswith(f":{names.COORDINATOR_PORT}/healthz")
+
+    class Ok(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            return
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    local = f"http://127.0.0.1:{port}/healthz"
+    nothing = subprocess.run([sys.executable, "-c", script, "1", local], timeout=30)
+    assert nothing.returncode == 1
+    started = time.monotonic()
+    waiter = subprocess.Popen([sys.executable, "-c", script, limit, local])
+    time.sleep(1.0)  # the coordinator still starting: connections refused
+    assert waiter.poll() is None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Ok)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert waiter.wait(30) == 0
+    finally:
+        server.shutdown()
+    assert time.monotonic() - started < float(limit)
 
 
 def test_metrics_auth_closes_the_coordinators_metrics_and_drops_the_scrape_annotations(make_job: Any) -> None:

@@ -223,3 +223,45 @@ def test_kopf_scans_namespaces_and_crds_only_where_it_may(
     reviews = _Reviews(allowed, fail)
     assert handlers._may_scan(reviews) is scans  # type: ignore[arg-type]
     assert reviews.asked[0] == ("watch", "", "namespaces")
+
+
+def test_the_operator_image_installs_every_library_the_operator_imports() -> None:
+    """What echo_operator imports from outside the project (at module level or inside functions) must be
+    in the operator image's pip line: the image installs no dependency of pyproject.toml by itself."""
+    import ast
+    import importlib.metadata
+    import sys
+
+    text = (IMAGES / "operator.Dockerfile").read_text()
+    installed = {m.lower().replace("_", "-") for m in re.findall(r'"([A-Za-z0-9_.-]+)(?:[=<>][^"]*)?"', text)}
+    distributions = importlib.metadata.packages_distributions()
+    needed: dict[str, set[str]] = {}
+    for path in (REPO / "operator" / "echo_operator").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            for name in names:
+                top = name.split(".")[0]
+                if top in ("echo_operator", "echo_runtime") or top in sys.stdlib_module_names:
+                    continue
+                for dist in distributions.get(top, [top]):
+                    needed.setdefault(dist.lower().replace("_", "-"), set()).add(path.name)
+    # With what they install in turn (pydantic brings pydantic-core; minio, urllib3 and certifi).
+    todo = list(installed)
+    while todo:
+        try:
+            requires = importlib.metadata.requires(todo.pop()) or []
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        for req in requires:
+            if "extra ==" in req:
+                continue
+            dep = re.split(r"[ ;\[<>=!~(]", req, maxsplit=1)[0].lower().replace("_", "-")
+            if dep not in installed:
+                installed.add(dep)
+                todo.append(dep)
+    missing = {d: sorted(files) for d, files in needed.items() if d not in installed}
+    assert not missing, f"imported by the operator but not installed in images/operator.Dockerfile: {missing}"
