@@ -58,6 +58,8 @@ class JobMemory:
     """``status.restarts`` as last written (None: read it from the job's status)."""
     last_counted: str | None = None
     """``status.lastCountedTrainer`` as last written (None: read it from the job's status)."""
+    pods_ready: bool = False
+    """Every pod the job runs was ready at the last status pass (its Workload's ``PodsReady``)."""
     status_written_at: float | None = None
     """When (monotonic) this operator last wrote the job's status."""
     settled: bool = False

@@ -352,6 +352,26 @@ def with_finished(
     return _with_conditions(wl, [Condition("Finished", "True", outcome, message)], now)
 
 
+def with_pods_ready(wl: Mapping[str, Any], ready: bool, now: str) -> Object | None:
+    """The Workload with ``PodsReady`` saying ``ready`` (None: it says so already), with Kueue's reasons:
+    ``PodsReady``, or ``WaitForStart`` before the job's pods were first ready and ``WaitForRecovery``
+    after. Kueue's ``waitForPodsReady`` evicts (and requeues) a Workload that is not ready in time."""
+    current = _conditions(wl).get("PodsReady") or {}
+    if current.get("status") == ("True" if ready else "False"):
+        return None
+    if ready:
+        cond = Condition(
+            "PodsReady", "True", "PodsReady", "All pods reached readiness and the workload is running"
+        )
+    else:
+        was_ready = current.get("status") == "True" or current.get("reason") == "WaitForRecovery"
+        cond = Condition(
+            "PodsReady", "False", "WaitForRecovery" if was_ready else "WaitForStart",
+            "Not all pods are ready or succeeded",
+        )  # fmt: skip
+    return _with_conditions(wl, [cond], now)
+
+
 def _with_conditions(wl: Mapping[str, Any], new: list[Condition], now: str) -> Object:
     """A copy of ``wl`` with ``new`` merged into its conditions (the operator's one merge rule:
     transition times kept where the status did not change, Kueue's other conditions left alone)."""
@@ -489,6 +509,23 @@ def _kueue_problem(ctx: context.Context, body: Mapping[str, Any], exc: KubeError
             body, "WorkloadRejected", f"Workload {names.workload(body['metadata']['name'])}: {exc.message}"
         )
     return exc
+
+
+def report_pods_ready(ctx: context.Context, job: inputs.JobInput, ready: bool) -> None:
+    """Write ``PodsReady`` on the job's admitted Workload when it changed (a conflict with Kueue's own
+    write is tried again at the next pass)."""
+    name = names.workload(job.name)
+    stored = ctx.kube.get(API, "Workload", job.namespace, name)
+    if stored is None or not admitted(stored) or not context.owned_by(stored, job.uid):
+        return
+    updated = with_pods_ready(stored, ready, events.now_rfc3339())
+    if updated is None:
+        return
+    try:
+        ctx.kube.replace_status(API, "Workload", job.namespace, name, updated)
+    except KubeError as exc:
+        if not exc.conflict:
+            raise
 
 
 def current_hold(ctx: context.Context, job: inputs.JobInput, queue: str) -> tuple[inputs.Hold | None, bool]:

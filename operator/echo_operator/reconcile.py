@@ -145,6 +145,9 @@ class Reconciler:
                 return  # not reconciled yet (the operator just started): nothing to report
             ended = status_pass.observe_job(self.ctx, body, mem)
             admission = self._admission_changed(body, mem)
+            queue = queueing.queue_name(body)
+            if queue is not None and not admission and mem.job is not None and mem.job.active:
+                queueing.report_pods_ready(self.ctx, mem.job, mem.pods_ready)
         if ended:  # scale everything to zero now, not at the next resync
             self.reconcile(body)
             self.rebalance(body)

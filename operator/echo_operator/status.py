@@ -83,6 +83,23 @@ def _finished(job: Object | None) -> bool:
     return any(c.get("type") == "Complete" and c.get("status") == "True" for c in conditions_)
 
 
+def pods_ready(obs: Observation) -> bool:
+    """Every pod the running job needs is ready — what Kueue's ``PodsReady`` means: the coordinator and
+    each Deployment of the job at its replicas, and every trainer rank (or the trainer done)."""
+    if obs.job is None or not obs.job.active:
+        return False
+    if names.coordinator(obs.job.name) not in obs.deployments:
+        return False
+    for deployment in obs.deployments.values():
+        desired, ready = _ready_replicas(deployment)
+        if ready < desired:
+            return False
+    if _finished(obs.trainer):
+        return True
+    desired, ready = _ready_replicas(obs.trainer)
+    return obs.trainer is not None and ready >= desired
+
+
 UNREACHABLE_GRACE_S = 30.0
 """How long a ready coordinator's status may fail to read before the job is Degraded: a new operator's
 first read, or one during a coordinator's restart, is not a problem."""

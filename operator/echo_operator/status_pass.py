@@ -297,6 +297,7 @@ def write_status(
         start_time=previous.get("startTime")
         or (events.now_rfc3339() if job is not None and job.active else None),
     )
+    mem.pods_ready = status_mod.pods_ready(obs)
     new = status_mod.job_status(obs, previous)
     new["lastCountedTrainer"] = mem.last_counted or previous.get("lastCountedTrainer")
     conds = status_mod.conditions(obs, previous)

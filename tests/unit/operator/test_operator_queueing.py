@@ -383,3 +383,17 @@ def test_the_pod_set_limit_is_the_installed_kueues_and_a_kueue_too_old_is_named(
     assert queueing.pod_set_limit(crd(("v1beta2", True, None))) == queueing.MAX_POD_SETS
     assert queueing.pod_set_limit(crd(("v1beta1", True, 8))) is None  # Kueue < v0.15
     assert queueing.pod_set_limit(crd(("v1beta1", True, 8), ("v1beta2", False, 8))) is None
+
+
+def test_pods_ready_is_written_with_kueues_reasons() -> None:
+    wl = workload(*ADMITTED, admission=True)
+    waiting = queueing.with_pods_ready(wl, False, NOW)
+    assert waiting is not None
+    cond = conditions_of(waiting)["PodsReady"]
+    assert (cond["status"], cond["reason"]) == ("False", "WaitForStart")
+    assert queueing.with_pods_ready(waiting, False, NOW) is None  # says so already: no write
+    ready = queueing.with_pods_ready(waiting, True, NOW)
+    assert ready is not None and conditions_of(ready)["PodsReady"]["status"] == "True"
+    assert conditions_of(ready)["Admitted"] == conditions_of(wl)["Admitted"]  # Kueue's own kept
+    lost = queueing.with_pods_ready(ready, False, NOW)
+    assert lost is not None and conditions_of(lost)["PodsReady"]["reason"] == "WaitForRecovery"

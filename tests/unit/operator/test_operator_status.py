@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -9,6 +10,7 @@ from operator_scenarios import doc, observation, worker
 
 from echo_operator import conditions, pool_lag
 from echo_operator import status as status_mod
+from echo_operator.children import inputs
 from echo_operator.conditions import Condition
 from echo_runtime.coordinator import wire
 from echo_runtime.spec import SyncPolicySpec
@@ -374,3 +376,23 @@ def test_learning_signal_follows_the_coordinators_warnings(make_job: Any) -> Non
     before = [{"type": "LearningSignal", "status": "True", "reason": "SignalPresent", "message": ""}]
     changes = conditions.transitions(before, [learning])
     assert len(changes) == 1 and changes[0].warning
+
+
+def test_pods_ready_needs_every_deployment_at_its_replicas_and_every_trainer_rank(make_job: Any) -> None:
+    def dep(replicas: int, ready: int) -> dict[str, Any]:
+        return {"spec": {"replicas": replicas}, "status": {"replicas": replicas, "readyReplicas": ready}}
+
+    trainer = {"kind": "Job", "spec": {"parallelism": 2}, "status": {"ready": 2}}
+    ready = {"demo-coordinator": dep(1, 1), "demo-gpu": dep(3, 3)}
+    assert status_mod.pods_ready(observation(make_job, deployments=ready, trainer=trainer))
+    for change in (
+        {"deployments": {**ready, "demo-gpu": dep(3, 2)}},  # a worker not ready
+        {"deployments": {"demo-gpu": dep(3, 3)}},  # no coordinator
+        {"trainer": {**trainer, "status": {"ready": 1}}},  # one rank of two
+        {"trainer": None},
+        {"suspended": True, "job": dataclasses.replace(make_job(), held=inputs.Hold("Queued", "waiting"))},
+    ):
+        kw: dict[str, Any] = {"deployments": ready, "trainer": trainer, **change}
+        assert not status_mod.pods_ready(observation(make_job, **kw)), change
+    done = {**trainer, "status": {"ready": 0, "conditions": [{"type": "Complete", "status": "True"}]}}
+    assert status_mod.pods_ready(observation(make_job, deployments=ready, trainer=done))
