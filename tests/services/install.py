@@ -59,7 +59,11 @@ def overlay(images: dict[str, str], out: Path) -> Path:
         "quay.io/minio/minio": images["test-minio"],
     }
     env = _job_images(images)
-    operator = yaml.safe_load((MANIFESTS / "common" / "operator.yaml").read_text())
+    (operator,) = [
+        d
+        for d in yaml.safe_load_all((MANIFESTS / "common" / "operator.yaml").read_text())
+        if d and d["kind"] == "Deployment"
+    ]
     names = [e["name"] for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]]
     ops = [
         {"op": "replace", "path": f"/spec/template/spec/containers/0/env/{names.index(k)}/value", "value": v}
