@@ -151,7 +151,9 @@ def test_deleting_a_worker_the_trainer_the_coordinator_and_the_operator_leader_m
     the operator restarts both ranks, which resume from the checkpoint the two wrote shard by shard. Then
     the operator replica that leads is killed: the other takes the Lease over and finishes the job."""
     trainer = {"nodes": 2, "strategy": "FSDP", "threads": 1, "checkpointInterval": 5, "resources": RESOURCES}
-    e2e.apply(echojob("restarts", max_steps=60, ttlSecondsAfterFinished=5, trainingSwarm=trainer))
+    # Enough versions for four disruptions, each waited out, on a quiet machine too (60 ran out there).
+    steps = 200
+    e2e.apply(echojob("restarts", max_steps=steps, ttlSecondsAfterFinished=5, trainingSwarm=trainer))
     e2e.until("version 3", lambda: e2e.version("restarts") >= 3)
     ranks = running(e2e, "echorl.dev/job=restarts,echorl.dev/component=trainer")
     assert len(ranks) == 2, [p["metadata"]["name"] for p in ranks]
@@ -205,9 +207,9 @@ def test_deleting_a_worker_the_trainer_the_coordinator_and_the_operator_leader_m
     # A deleted trainer pod is a counted failure, as for a Kubernetes Job; its gang was restarted.
     assert status["restarts"] == 1
     assert status["maxObservedStaleness"] <= 2
-    # The store: every version 1..60 once, published in order, none overwritten or repeated.
+    # The store: every version 1..steps once, published in order, none overwritten or repeated.
     versions = published(e2e.store("restarts/"), "restarts")
-    assert sorted(versions) == list(range(1, 61))
+    assert sorted(versions) == list(range(1, steps + 1))
     created = [versions[v].created for v in sorted(versions)]
     assert created == sorted(created)
     cut_short = [v for v, p in versions.items() if p.folders - {p.data}]
