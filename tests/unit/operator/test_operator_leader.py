@@ -1,6 +1,6 @@
 """Leader election's decisions, on an in-memory Lease store with the API server's resourceVersion
 rule and a clock the test moves. The same code against the real API server, with real operator
-processes killed and paused: tests/integration/operator/test_operator_leader.py."""
+processes killed and paused: tests/integration/operator/test_operator_failover.py."""
 
 from __future__ import annotations
 
