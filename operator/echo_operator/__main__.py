@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -81,8 +82,14 @@ def _lead_then_run(settings: leader.Settings, args: list[str]) -> int:
         logging.shutdown()
         os._exit(1)
 
+    def stop(signum: int, frame: object) -> None:
+        # A SIGTERM between winning the Lease and kopf's start (kopf then handles it): stop cleanly, so
+        # the finally below releases the Lease and the other replica need not wait it out.
+        raise SystemExit(0)
+
     leader.set_current(elector)
     elector.keep(lost)
+    signal.signal(signal.SIGTERM, stop)
     try:
         return _run_kopf(args)
     finally:

@@ -198,7 +198,7 @@ def test_a_leader_that_stops_cleanly_hands_over_at_once(
     until(lambda: b.healthy(), timeout=60)
     stopped = time.monotonic()
     a.proc.terminate()  # a rolling update's SIGTERM: kopf stops, the Lease is released
-    assert a.proc.wait(30) == 0, a.log.read_text()[-3000:]
+    assert a.proc.wait(90) == 0, a.log.read_text()[-3000:]
     assert "released the Lease" in a.log.read_text()
     until(lambda: holder(kube) == "op-d", timeout=30)
     print(f"hand-over after a clean stop: {time.monotonic() - stopped:.1f} s")
