@@ -478,13 +478,18 @@ POOL_FIGURES = ("observedPolicyVersion",)
 WORKER_FIGURES = ("loadedVersion", "lastHeartbeat")
 
 
+FIGURE_CONDITIONS = ("Progressing", "StalenessBounded", "LearningSignal")
+"""Conditions whose message restates moving figures ("policy version 41 of 200; 3.2 rollouts/s"): a
+change of their message alone waits with the figures. Any other message (Kueue's reason for queueing a
+job, a problem's description) is written at once, as is any change of a status or a reason."""
+
+
 def without_figures(status: Mapping[str, Any]) -> Object:
-    """``status`` less its :data:`FIGURES` (and the pools' and external workers' moving ones), and its
-    conditions less their messages: a message that only restates moving figures ("policy version 41
-    of 200; 3.2 rollouts/s") waits with them, while a change of a condition's status or reason does not."""
+    """``status`` less its :data:`FIGURES` (and the pools' and external workers' moving ones), and the
+    :data:`FIGURE_CONDITIONS` less their messages."""
     out = {k: v for k, v in status.items() if k not in FIGURES}
     out["conditions"] = [
-        {k: c.get(k) for k in ("type", "status", "reason", "observedGeneration")}
+        {k: v for k, v in c.items() if k != "message" or c.get("type") not in FIGURE_CONDITIONS}
         for c in status.get("conditions") or []
     ]
     out["pools"] = [

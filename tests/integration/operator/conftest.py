@@ -67,6 +67,7 @@ def start_operator(operator_kubeconfig: pathlib.Path) -> StartOperator:
         settings = {
             "KUBECONFIG": str(kubeconfig or operator_kubeconfig),
             "ECHORL_STATUS_INTERVAL": "0.5",
+            "ECHORL_STATUS_WRITE_INTERVAL": "2",  # moving figures reach status within a test's patience
             "ECHORL_RESYNC_INTERVAL": "3",
             "ECHORL_COORDINATOR_URL": "http://127.0.0.1:9/{job}",  # nothing listens: coordinator not up
             "ECHORL_BEHIND_GRACE": "0.5",

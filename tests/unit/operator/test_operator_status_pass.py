@@ -152,9 +152,15 @@ def running_status(**figures: Any) -> dict[str, Any]:
 def test_moving_figures_are_written_at_most_every_interval_anything_else_at_once() -> None:
     before = running_status()
     figures = running_status(policyVersion=8, reward=0.6, rolloutsPerSecond=4.0)
-    figures["conditions"] = [
-        {"type": "Ready", "status": "True", "message": "policy version 8; 4.0 rollouts/s"}
+    before["conditions"] = [
+        {"type": "Ready", "status": "True"},
+        {"type": "Progressing", "status": "True", "reason": "Training", "message": "policy version 7"},
+        {"type": "Suspended", "status": "True", "reason": "Queued", "message": "not admitted yet"},
     ]
+    figures["conditions"] = [{**c} for c in before["conditions"]]
+    figures["conditions"][1]["message"] = "policy version 8 of 100; 4.0 rollouts/s"
+    queued = [{**c} for c in figures["conditions"]]
+    queued[2]["message"] = "insufficient unused quota for cpu in flavor f"  # Kueue's reason: not a figure
     figures["pools"][0]["externalWorkers"][0]["lastHeartbeat"] = "2026-12-01T00:00:09Z"
     now = time.monotonic()
     # Only figures moved: written if the last write is older than the interval (or never happened).
@@ -163,6 +169,7 @@ def test_moving_figures_are_written_at_most_every_interval_anything_else_at_once
     assert status_pass.should_write(before, figures, written_at=now - 31, interval_s=30)
     # A condition, a pool's pods or workers, a new external worker, a restart: at once.
     for change in (
+        {"conditions": queued},
         {"conditions": [{"type": "Ready", "status": "False"}]},
         {"restarts": 1},
         {"pools": [{**before["pools"][0], "readyReplicas": 1}]},
