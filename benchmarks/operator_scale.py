@@ -153,6 +153,7 @@ def main() -> int:
                 "ECHORL_RESYNC_INTERVAL": "60",
                 "ECHORL_COORDINATOR_URL": f"http://127.0.0.1:{stub.port}/{{job}}",
                 "ECHORL_METRICS_PORT": str(metrics_port),
+                "ECHORL_METRICS_ADDRESS": "127.0.0.1",  # loopback only
                 "ECHORL_LEADER_ELECTION": "false",
             }
             log = (work / "operator.log").open("wb")

@@ -89,11 +89,18 @@ def port_from_env() -> int:
     return port
 
 
-def serve(port: int, address: str = "0.0.0.0") -> None:
+def address_from_env() -> str:
+    """``ECHORL_METRICS_ADDRESS``: where ``/metrics`` listens (default every interface, as a pod's port
+    must; a process run beside others, as the tests run it, listens on loopback)."""
+    return os.environ.get("ECHORL_METRICS_ADDRESS", "0.0.0.0")
+
+
+def serve(port: int, address: str | None = None) -> None:
     """Serve ``/metrics`` on ``port`` from a daemon thread, once per process (0: not at all)."""
     with _lock:
         if port == 0 or "server" in _served:
             return
+        address = address or address_from_env()
         _served["server"] = start_http_server(port, addr=address, registry=REGISTRY)
     log.info("metrics on http://%s:%d/metrics", address, port)
 

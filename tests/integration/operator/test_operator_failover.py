@@ -59,6 +59,7 @@ class Replica:
             "ECHORL_RESYNC_INTERVAL": "3",
             "ECHORL_COORDINATOR_URL": "http://127.0.0.1:9/{job}",
             "ECHORL_METRICS_PORT": str(self.metrics_port),
+            "ECHORL_METRICS_ADDRESS": "127.0.0.1",  # loopback only
             **LEASE,
             **lease,
         }
