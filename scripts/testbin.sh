@@ -10,7 +10,8 @@
 #   kwok            simulated nodes (sigs.k8s.io/kwok), with its Stage manifests in ../kwok-stages/
 #   crictl          the CRI client (sigs.k8s.io/cri-tools): the harness removes pod sandboxes with it
 #   metrics-server  the resource metrics API the HPA controller reads (sigs.k8s.io/metrics-server)
-#   kueue           Kueue's manager (sigs.k8s.io/kueue), with its CRDs in ../kueue-crds/
+#   kueue           Kueue's manager (sigs.k8s.io/kueue), with its CRDs in ../kueue-crds/ and its
+#                   webhook configurations in ../kueue-webhooks/
 #   helm            Helm (helm.sh/helm/v4), for the chart's lint, template and install tests
 # Idempotent: binaries are cached under $ECHORL_TESTBIN (default ~/.cache/echorl/testbin/<pins>/bin);
 # a warm cache returns in well under a second. Prints the bin directory on the last line of stdout.
@@ -56,25 +57,37 @@ build_metrics_server() {
   echo "$METRICS_SERVER_VERSION" >"$bin/metrics-server.ok"
 }
 
-# Kueue, likewise outside the tag. Its CRDs come from the same module (config/components/crd/bases);
-# the test harness installs them before it starts the manager.
-kueue_current() {
-  have kueue && [ "$(cat "$bin/kueue.ok")" = "$KUEUE_VERSION" ] && [ -f "$root/kueue-crds/.version" ] \
-    && [ "$(cat "$root/kueue-crds/.version")" = "$KUEUE_VERSION" ]
+# Kueue, likewise outside the tag. Its CRDs (config/components/crd/bases) and its webhook
+# configurations (config/components/webhook: the generated manifests and the kustomization whose
+# patches keep kube-system and kueue-system out of the pod, Deployment and StatefulSet webhooks) come
+# from the same module; the test harness installs the CRDs before it starts the manager and registers
+# the webhooks, pointed at it, once it runs. Each copy carries the version it came from, so a cache
+# that lacks one (made before it was copied) gets just that copy, not a rebuild of the manager.
+kueue_binary_current() { have kueue && [ "$(cat "$bin/kueue.ok")" = "$KUEUE_VERSION" ]; }
+kueue_copy_current() { [ -f "$root/$1/.version" ] && [ "$(cat "$root/$1/.version")" = "$KUEUE_VERSION" ]; }
+kueue_current() { kueue_binary_current && kueue_copy_current kueue-crds && kueue_copy_current kueue-webhooks; }
+
+kueue_copy() {  # DEST FILE...: the module's files into $root/DEST, stamped with the version
+  local dest="$root/$1"; shift
+  rm -rf "$dest.tmp" "$dest" && mkdir -p "$dest.tmp"
+  cp "$@" "$dest.tmp/"
+  chmod -R u+w "$dest.tmp"
+  echo "$KUEUE_VERSION" >"$dest.tmp/.version"
+  mv "$dest.tmp" "$dest"
 }
 
 build_kueue() {
   kueue_current && return 0
-  rm -f "$bin/kueue.ok"
-  build_go_install kueue "sigs.k8s.io/kueue/cmd/kueue@${KUEUE_VERSION}"
+  if ! kueue_binary_current; then
+    rm -f "$bin/kueue.ok"
+    build_go_install kueue "sigs.k8s.io/kueue/cmd/kueue@${KUEUE_VERSION}"
+    echo "$KUEUE_VERSION" >"$bin/kueue.ok"
+  fi
   local dir
   dir=$(GOFLAGS= go mod download -json "sigs.k8s.io/kueue@${KUEUE_VERSION}" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
-  rm -rf "$root/kueue-crds.tmp" "$root/kueue-crds" && mkdir -p "$root/kueue-crds.tmp"
-  cp "$dir"/config/components/crd/bases/*.yaml "$root/kueue-crds.tmp/"
-  chmod -R u+w "$root/kueue-crds.tmp"
-  echo "$KUEUE_VERSION" >"$root/kueue-crds.tmp/.version"
-  mv "$root/kueue-crds.tmp" "$root/kueue-crds"
-  echo "$KUEUE_VERSION" >"$bin/kueue.ok"
+  kueue_copy_current kueue-crds || kueue_copy kueue-crds "$dir"/config/components/crd/bases/*.yaml
+  kueue_copy_current kueue-webhooks || kueue_copy kueue-webhooks \
+    "$dir"/config/components/webhook/manifests.yaml "$dir"/config/components/webhook/kustomization.yaml
 }
 
 # Helm, for the chart's tests (charts/echorl-operator), likewise outside the tag.
