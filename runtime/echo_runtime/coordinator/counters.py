@@ -59,6 +59,8 @@ class Counters:
     generated_groups: int = 0
     """Valid group submissions (buffered or dropped as stale on arrival): what the swarm generated."""
     accepted_rollouts: int = 0
+    accepted_by_pool: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    """Rollouts accepted into the buffer, per pool of the worker that generated them."""
     dropped_stale: int = 0
     dropped_quarantined: int = 0
     requeued_prompts: int = 0
@@ -87,7 +89,8 @@ class Counters:
         self.batches += 1
         self.last_reward = sum(rewards) / len(rewards)
 
-    def accepted(self, rollouts: int, now: float) -> None:
-        """A group of ``rollouts`` rollouts was buffered."""
+    def accepted(self, rollouts: int, now: float, pool: str) -> None:
+        """A group of ``rollouts`` rollouts from a worker of ``pool`` was buffered."""
         self.accepted_rollouts += rollouts
+        self.accepted_by_pool[pool] += rollouts
         self.rate.add(now, rollouts)

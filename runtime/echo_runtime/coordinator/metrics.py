@@ -173,6 +173,17 @@ class StateCollector(Collector):
         yield counter("rollouts_accepted", "Rollouts accepted into the buffer.", counts.accepted_rollouts)
         yield counter("batches", "Batches handed to the trainer.", counts.batches)
         yield counter(
+            "trainer_busy_seconds",
+            "The trainer's step times summed (its rate: the fraction of time the trainer is busy, not waiting).",
+            s.pacing.trainer_busy_seconds,
+        )
+        if s.pacing.trainer_seconds is not None:
+            yield gauge(
+                "trainer_step_seconds",
+                "The trainer's time per step, a moving average (what pacing plans with).",
+                s.pacing.trainer_seconds,
+            )
+        yield counter(
             "workers_expired", "Workers forgotten after missing heartbeats.", counts.workers_expired
         )
         if counts.last_reward is not None:
@@ -208,6 +219,14 @@ class StateCollector(Collector):
         yield self._per_pool(
             GaugeMetricFamily(_PREFIX + "workers", "Registered workers per pool.", labels=["job", "pool"]),
             collections.Counter(w.pool for w in workers),
+        )
+        yield self._per_pool(
+            CounterMetricFamily(
+                _PREFIX + "pool_rollouts_accepted",
+                "Rollouts accepted into the buffer, per pool (its rate: rollouts/s per pool).",
+                labels=["job", "pool"],
+            ),
+            counts.accepted_by_pool,
         )
         yield self._per_pool(
             CounterMetricFamily(

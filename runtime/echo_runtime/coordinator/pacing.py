@@ -51,6 +51,9 @@ class Pacing:
         self.trainer_seconds: float | None = None
         """The trainer's own time per step — from handing it a batch to its asking for the next, waits for
         groups excluded, or the ``stepSeconds`` it sends — a moving average."""
+        self.trainer_busy_seconds = 0.0
+        """The sum of the trainer's measured step times (each step once): its rate is the fraction of
+        wall-clock the trainer spends stepping rather than waiting for batches."""
         self.typical_group_seconds: float | None = None
         """Lease to submission over all workers (a moving average): what makes a lease a straggler's."""
         self._last_take_at: float | None = None
@@ -149,13 +152,15 @@ class Pacing:
         since it was handed the batch of the step before."""
         if self._asked is not None and self._asked[0] == version:
             return
+        took: float | None = None
         if step_seconds is not None:
-            own = self.trainer_seconds
-            self.trainer_seconds = step_seconds if own is None else 0.8 * own + 0.2 * step_seconds
+            took = max(0.0, step_seconds)
         elif self._last_take_at is not None and last_version == version - 1:
             took = max(0.0, now - self._last_take_at)
+        if took is not None:
             own = self.trainer_seconds
             self.trainer_seconds = took if own is None else 0.8 * own + 0.2 * took
+            self.trainer_busy_seconds += took
         self._asked = (version, now)
 
     def taken(self, now: float) -> None:

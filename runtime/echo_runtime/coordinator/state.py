@@ -408,7 +408,7 @@ class CoordinatorState:
         )
         worker.overdue = 0
         worker.rate.add(now, len(scored))
-        self.counters.accepted(len(scored), now)
+        self.counters.accepted(len(scored), now, worker.pool)
         return wire.SubmitReply(outcome="buffered", rewards=values, staleness=verdict.staleness)
 
     def _plan_for_filter(self) -> None:

@@ -204,6 +204,38 @@ def test_metrics_export_the_state(client: TestClient) -> None:
         assert line in text
 
 
+def test_metrics_count_rollouts_per_pool_and_the_trainer_busy_time(
+    make_service: Callable[..., api.Service],
+) -> None:
+    clock = [100.0]
+    with TestClient(api.create_app(make_service(clock=lambda: clock[0]))) as c:
+        for pool, token in (("cpu", CPU_TOKEN), ("gpu", GPU_TOKEN)):
+            wid, headers = join(c, token, pool)
+            (task,) = c.post(f"/v1/workers/{wid}/leases", json={"maxTasks": 1}, headers=headers).json()[
+                "tasks"
+            ]
+            r = c.post(
+                f"/v1/workers/{wid}/tasks/{task['taskId']}/rollouts",
+                json={"rollouts": rollouts(task["prompt"], n=2)},
+                headers=headers,
+            )
+            assert r.json()["outcome"] == "buffered"
+        trainer = bearer(TRAINER_TOKEN)
+        assert c.post("/v1/trainer/batches", json={"version": 0}, headers=trainer).json()["ready"]
+        assert c.post("/v1/trainer/version", json={"version": 1}, headers=trainer).status_code == 200
+        clock[0] += 2.5  # the step took 2.5 s from the batch handed out to the next request
+        c.post("/v1/trainer/batches", json={"version": 1, "waitSeconds": 0}, headers=trainer)
+        c.post(
+            "/v1/trainer/batches", json={"version": 1, "waitSeconds": 0, "stepSeconds": 9.0}, headers=trainer
+        )
+        text = c.get("/metrics").text
+    assert 'echorl_coordinator_pool_rollouts_accepted_total{job="test",pool="cpu"} 2.0' in text
+    assert 'echorl_coordinator_pool_rollouts_accepted_total{job="test",pool="gpu"} 2.0' in text
+    # one step measured once: asking again for the same batch measures nothing
+    assert 'echorl_coordinator_trainer_busy_seconds_total{job="test"} 2.5' in text
+    assert 'echorl_coordinator_trainer_step_seconds{job="test"} 2.5' in text
+
+
 def test_openapi_schema_is_complete(make_service: Callable[..., api.Service]) -> None:
     app = api.create_app(make_service())
     schema = TestClient(app).get("/openapi.json").json()

@@ -45,6 +45,6 @@ def test_batches_carry_their_mean_reward_and_accepted_rollouts_feed_the_rate() -
     c.handed([1.0, 0.0, 0.5, 0.5])
     c.handed([1.0, 1.0])
     assert (c.batches, c.last_reward) == (2, 1.0)
-    c.accepted(4, now=2.0)
-    c.accepted(4, now=3.0)
+    c.accepted(4, now=2.0, pool="gpu")
+    c.accepted(4, now=3.0, pool="gpu")
     assert c.accepted_rollouts == 8 and c.rate.rate(4.0) == pytest.approx(8 / 4)

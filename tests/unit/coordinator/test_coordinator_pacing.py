@@ -332,6 +332,7 @@ def test_the_trainer_pace_is_what_it_says_or_else_the_gap_after_a_batch() -> Non
     assert told.trainer_seconds == 3.0
     told.asked(2, now=9.0, step_seconds=5.0, last_version=1)
     assert told.trainer_seconds is not None and 3.0 < told.trainer_seconds < 5.0  # moves towards 5
+    assert told.trainer_busy_seconds == 8.0  # each step's time once: 3 + 5, the repeated ask not counted
     gap = pacing.Pacing(config())
     gap.asked(1, now=0.0, step_seconds=None, last_version=None)
     assert gap.trainer_seconds is None  # nothing handed yet to measure from
@@ -344,6 +345,7 @@ def test_the_trainer_pace_is_what_it_says_or_else_the_gap_after_a_batch() -> Non
     gap.rewound()  # a resumed trainer: its next request is a first one again
     gap.asked(4, now=30.0, step_seconds=1.0, last_version=3)
     assert gap.trainer_seconds is not None and 1.0 < gap.trainer_seconds < 3.5
+    assert gap.trainer_busy_seconds == 4.5
 
 
 def test_group_times_move_towards_each_delivery_and_make_old_leases_stragglers() -> None:
