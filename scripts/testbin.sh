@@ -13,6 +13,8 @@
 #   kueue           Kueue's manager (sigs.k8s.io/kueue), with its CRDs in ../kueue-crds/ and its
 #                   webhook configurations in ../kueue-webhooks/
 #   helm            Helm (helm.sh/helm/v4), for the chart's lint, template and install tests
+#   prometheus      Prometheus (github.com/prometheus/prometheus), scraping the operator and a
+#                   coordinator for the dashboard's e2e test; built without service discovery plugins
 # Idempotent: binaries are cached under $ECHORL_TESTBIN (default ~/.cache/echorl/testbin/<pins>/bin);
 # a warm cache returns in well under a second. Prints the bin directory on the last line of stdout.
 set -euo pipefail
@@ -27,6 +29,7 @@ CRICTL_VERSION="${CRICTL_VERSION:-v1.34.0}"
 METRICS_SERVER_VERSION="${METRICS_SERVER_VERSION:-v0.8.0}"     # not in the tag: its .ok file names it
 KUEUE_VERSION="${KUEUE_VERSION:-v0.17.0}"                       # likewise
 HELM_VERSION="${HELM_VERSION:-v4.3.2}"                          # likewise
+PROMETHEUS_VERSION="${PROMETHEUS_VERSION:-v0.316.0}"            # likewise (Prometheus v3.x's Go module version)
 # ---------------------------------------------------------------------------------------------
 
 RECIPE=3  # bump when the build recipe below changes, so caches rebuild
@@ -98,6 +101,20 @@ build_helm() {
   rm -f "$bin/helm.ok"
   build_go_install helm "helm.sh/helm/v4/cmd/helm@${HELM_VERSION}"
   echo "$HELM_VERSION" >"$bin/helm.ok"
+}
+
+# Prometheus, likewise outside the tag. `remove_all_sd` leaves out every service discovery plugin
+# (cloud SDKs, client-go): the tests give it static targets, and it builds in about a minute.
+prometheus_current() { have prometheus && [ "$(cat "$bin/prometheus.ok")" = "$PROMETHEUS_VERSION" ]; }
+
+build_prometheus() {
+  prometheus_current && return 0
+  rm -f "$bin/prometheus.ok"
+  log "building prometheus (github.com/prometheus/prometheus@${PROMETHEUS_VERSION}, -tags remove_all_sd)"
+  local start=$SECONDS
+  GOBIN="$bin" go install -tags remove_all_sd "github.com/prometheus/prometheus/cmd/prometheus@${PROMETHEUS_VERSION}"
+  echo "$PROMETHEUS_VERSION" >"$bin/prometheus.ok"
+  log "prometheus built in $((SECONDS - start)) s"
 }
 
 have_all() {
@@ -183,7 +200,7 @@ GO
 
 # One build at a time per cache: a second caller (another test run, a helper) waits for the first.
 if ! have_all "${ALL[@]}" || [ ! -d "$root/kwok-stages" ] || ! metrics_server_current || ! kueue_current \
-  || ! helm_current; then
+  || ! helm_current || ! prometheus_current; then
   exec 9>"$root/.lock"
   if ! flock -n 9; then
     log "another build is running in $root; waiting for it"
@@ -198,6 +215,7 @@ if ! have_all "${ALL[@]}" || [ ! -d "$root/kwok-stages" ] || ! metrics_server_cu
   build_metrics_server
   build_kueue
   build_helm
+  build_prometheus
 fi
 "$bin/kube-apiserver" --version >&2
 "$bin/etcd" --version | sed -n 1p >&2

@@ -276,6 +276,13 @@ class Cluster:
         """Run ``argv`` inside the cluster's network namespace with the admin kubeconfig in ``$KUBECONFIG``."""
         return self.ns.run(argv, check=check, timeout=timeout, input=input, env=self.env())
 
+    def inside(self, fn: Callable[[], T], timeout: float = 30.0) -> T:
+        """Call ``fn`` on a thread inside the cluster's network namespace: its sockets reach pod IPs and
+        the namespace's loopback (a server the test started there), nothing outside."""
+        if self._inside is None:
+            raise ServiceError("the cluster is not started")
+        return self._inside.call(fn, timeout=timeout)
+
     def kubectl(
         self, *args: str, input: str | None = None, timeout: float = 120.0, check: bool = False
     ) -> subprocess.CompletedProcess[str]:
