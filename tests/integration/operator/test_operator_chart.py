@@ -8,6 +8,7 @@ select what they should, and the real API server takes the install.
 from __future__ import annotations
 
 import copy
+import json
 import os
 import pathlib
 import subprocess
@@ -18,6 +19,7 @@ import yaml
 
 from echo_operator import names
 from services.kube import KubeApiServer
+from services.prometheus import DASHBOARD
 
 pytestmark = pytest.mark.services
 
@@ -142,7 +144,23 @@ def test_the_monitors_select_the_operator_and_the_coordinators(helm: Any) -> Non
     # (echo_operator/children/coordinator.py names it "http").
     assert pm["spec"]["selector"]["matchLabels"].items() <= names.labels("job", "coordinator").items()
     assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "http"
+    assert (
+        pm["spec"]["podMetricsEndpoints"][0]["honorLabels"] is True
+    )  # job="<EchoJob>" kept for the dashboard
     assert not [k for k in rendered(helm) if k[0] in ("ServiceMonitor", "PodMonitor")]
+
+
+def test_the_dashboard_ships_as_a_configmap_for_grafanas_sidecar(helm: Any) -> None:
+    chart = rendered(helm, "--set", "dashboards.enabled=true", "--set", "dashboards.namespace=monitoring")
+    (cm,) = [
+        d for k, d in chart.items() if k[0] == "ConfigMap" and d["metadata"]["name"] == "echorl-dashboards"
+    ]
+    assert (
+        cm["metadata"]["namespace"] == "monitoring" and cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    )
+    shipped = json.loads(cm["data"]["echorl-echojob.json"])
+    assert shipped == json.loads(DASHBOARD.read_text())
+    assert not [k for k in rendered(helm) if k[0] == "ConfigMap" and k[2] == "echorl-dashboards"]
 
 
 def test_the_api_server_takes_the_install(
