@@ -85,6 +85,50 @@ class PoolStatus(SpecModel):
     """Workers that joined from outside the cluster."""
 
 
+class TrainerPodRecord(SpecModel):
+    """One rank's pod of a trainer Job the operator stopped, as it last saw it."""
+
+    rank: int | None = None
+    """The pod's node rank (its Job completion index)."""
+    name: str
+    """Pod name."""
+    node: str | None = None
+    """The node it ran on."""
+    phase: str | None = None
+    """Its phase when the trainer stopped (``Running``, ``Failed``, ...), ``Terminating`` while being
+    deleted, or ``Gone`` when it was no longer in the API (deleted or evicted) by then."""
+    exit_code: int | None = None
+    """The trainer container's exit code, once it ended."""
+    reason: str | None = None
+    """Why the trainer container ended (``OOMKilled``, ``Error``, ``Completed``), once it did."""
+
+
+class TrainerStop(SpecModel):
+    """Where one trainer Job stopped and why: the operator restarted, suspended or failed it."""
+
+    restart: int = Field(ge=1)
+    """Its number over the job's life (1: the first trainer Job the operator stopped); names its logs
+    ConfigMap."""
+    time: str
+    """RFC 3339 time the operator stopped it."""
+    reason: str
+    """Why, in one CamelCase word: ``TrainerFailed`` (a counted failure: a rank exited non-zero or its pod
+    was deleted), ``TrainerDisrupted`` (evicted or preempted, not counted), ``OOMKilled``,
+    ``BackoffLimitExceeded``, ``DeadlineExceeded``, ``SpecChanged``, ``Suspended`` (spec.suspend) or
+    Kueue's reason (``Preempted``, ``WorkloadDeactivated``, ...)."""
+    message: str = Field(default="", max_length=2048)
+    """What a human should know: the failed pod, its exit code, the Job's reason."""
+    uid: str
+    """The UID of the trainer Job that stopped."""
+    policy_version: int | None = None
+    """The policy version published when it stopped (as the status last read it)."""
+    logs_config_map: str | None = None
+    """The ConfigMap holding the last lines of each of its pods' logs (``kubectl get configmap NAME -o
+    yaml``); absent when it had no pod."""
+    pods: list[TrainerPodRecord] = Field(default_factory=list, max_length=16)
+    """Each rank's pod (the first 16 ranks)."""
+
+
 class EchoJobStatus(SpecModel):
     """What the operator last observed of a job."""
 
@@ -120,6 +164,9 @@ class EchoJobStatus(SpecModel):
     """The UID of the trainer Job whose failure ``restarts`` counted last: written with ``restarts`` before
     that Job is deleted, so an operator that stops between the two neither loses the count nor counts it
     twice."""
+    trainer_history: list[TrainerStop] = Field(default_factory=list, max_length=10)
+    """The last 10 trainer Jobs the operator stopped (restarted, suspended, preempted, failed), oldest
+    first: when, why, each rank's pod and the ConfigMap that keeps their last log lines."""
     conditions: list[Condition] = Field(default_factory=list, json_schema_extra=_MAP_BY_TYPE)
     """Ready, Progressing, StalenessBounded, LearningSignal, Degraded, Suspended; Succeeded or Failed at the
     end."""
