@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
-from echo_operator import children, context, lifecycle, names
+from echo_operator import children, context, lifecycle, names, trainer_record
 from echo_operator.children import inputs
 from echo_operator.kube import KubeError
 
@@ -67,12 +67,25 @@ def keep(job: inputs.JobInput, wanted: Sequence[Object]) -> set[Key]:
 
 
 def prune(existing: Mapping[Key, Object], kept: set[Key]) -> list[Key]:
-    """The existing children to delete (a trainer Job already being deleted is left to finish)."""
+    """The existing children to delete (a trainer Job already being deleted is left to finish; the
+    ConfigMaps that keep stopped trainers' logs stay, :mod:`echo_operator.trainer_record` keeps the last
+    few)."""
     return [
         key
         for key, obj in existing.items()
-        if key not in kept and not (key[0] == "Job" and obj["metadata"].get("deletionTimestamp"))
+        if key not in kept
+        and not (key[0] == "Job" and obj["metadata"].get("deletionTimestamp"))
+        and not trainer_record.is_logs(obj)
     ]
+
+
+def why_stopped(job: inputs.JobInput) -> tuple[str, str]:
+    """(reason, message) of a trainer Job deleted because the job may not run now."""
+    if job.held is not None:
+        return job.held.reason, f"the job's queue holds it: {job.held.message}"
+    if job.spec.suspend:
+        return "Suspended", "spec.suspend is true: every process stops (it resumes from the last checkpoint)"
+    return "Stopped", "the job no longer runs a trainer"
 
 
 def scaled_message(before: Mapping[str, Any], after: Mapping[str, Any]) -> str | None:
@@ -181,14 +194,13 @@ def sync_trainer(
     if action == "create":
         ctx.kube.apply(wanted)
     elif action == "replace" and current is not None:
+        message = "the trainer's spec changed: every rank restarts together from the last checkpoint"
+        entry = trainer_record.record(ctx, body, current, "SpecChanged", message)
         ctx.kube.delete(
             "batch/v1", "Job", job.namespace, names.trainer(job.name),
             uid=current["metadata"]["uid"], propagation="Foreground",
         )  # fmt: skip
-        ctx.events.post(
-            body, "Normal", "TrainerRestarted",
-            "the trainer's spec changed: every rank restarts together from the last checkpoint",
-        )  # fmt: skip
+        ctx.events.post(body, "Normal", "TrainerRestarted", message + trainer_record.hint(entry))
     return action
 
 
@@ -229,6 +241,13 @@ def apply_children(
     removed = []
     for key in prune(existing, keep(job, wanted)):
         obj = existing[key]
+        if key == ("Job", names.trainer(job.name)) and lifecycle.trainer_phase(obj) != "Complete":
+            reason, message = why_stopped(job)
+            entry = trainer_record.record(ctx, body, obj, reason, message)
+            ctx.events.post(
+                body, "Normal", "TrainerStopped",
+                f"trainer Job {key[1]} stopped ({reason}): {message}{trainer_record.hint(entry)}",
+            )  # fmt: skip
         ctx.kube.delete(
             obj["apiVersion"], key[0], job.namespace, key[1], uid=obj["metadata"]["uid"],
             # a Job goes only once its pods are gone: a resumed trainer never meets the old one

@@ -69,6 +69,14 @@ class JobMemory:
     counted_jobs: set[str] = dataclasses.field(default_factory=set)
     """UIDs of failed trainer Jobs already acted on (their deletion takes a moment)."""
     store_credentials: storage.Credentials | None = None
+    trainer_history: list[Object] | None = None
+    """``status.trainerHistory`` as last written (None: read it from the job's status)."""
+    trainer_pods: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    """The running trainer Job's UID → its pods seen by the status passes, by rank
+    (:class:`echo_operator.trainer_record.PodSeen`): a record still names a pod deleted before it."""
+    captured: dict[str, int] = dataclasses.field(default_factory=dict)
+    """The trainer Job whose logs were read as soon as a rank went down → the number they were kept
+    under (:func:`echo_operator.trainer_record.remember`)."""
 
 
 class Faults(Exception):

@@ -163,6 +163,51 @@ class Kube:
             item.setdefault("kind", kind)
         return items
 
+    def log(
+        self,
+        namespace: str,
+        pod: str,
+        container: str,
+        previous: bool = False,
+        tail_lines: int = 1000,
+        limit_bytes: int = 1 << 20,
+        timeout_s: float = 5.0,
+    ) -> str:
+        """The last ``tail_lines`` lines of a container's log (``previous``: of its last run before a
+        restart), at most ``limit_bytes`` of them, as text (``pods/log``; undecodable bytes replaced).
+        Read through the API server, which asks the pod's kubelet: a pod with no node, or a node whose
+        kubelet does not answer, is a :class:`KubeError` like any other."""
+        what = f"read log of pod {pod} container {container}{' (previous)' if previous else ''}"
+        query = [
+            ("container", container),
+            ("tailLines", str(tail_lines)),
+            ("limitBytes", str(limit_bytes)),
+        ]
+        if previous:
+            query.append(("previous", "true"))
+        code = 0
+        try:
+            resp = self.api.call_api(
+                path("v1", "Pod", namespace, pod) + "/log",
+                "GET",
+                query_params=query,
+                header_params={"Accept": "text/plain"},
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=timeout_s,
+            )
+            answered = resp if hasattr(resp, "status") else resp[0]
+            code = int(getattr(answered, "status", 200) or 200)
+            data: bytes = answered.data
+        except ApiException as exc:
+            code = exc.status or 0
+            raise KubeError(exc.status or 0, _message(exc), what) from None
+        except Exception as exc:  # connection refused, TLS, timeouts
+            raise KubeError(0, str(exc), what) from exc
+        finally:
+            metrics.api_request("GET", code)
+        return data.decode("utf-8", errors="replace")
+
     def may(self, verb: str, group: str, resource: str, namespace: str | None = None) -> bool:
         """Whether this identity may ``verb`` ``resource`` (a SelfSubjectAccessReview; any user may ask)."""
         attributes = {"verb": verb, "group": group, "resource": resource}

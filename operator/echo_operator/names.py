@@ -3,7 +3,7 @@
 Every child of an EchoJob ``J`` is named after it (``J-coordinator``, ``J-<pool>``, ``J-trainer``,
 ``J-<pool>-join``) and carries the recommended ``app.kubernetes.io/*`` labels plus ``echorl.dev/*``
 labels that select it: ``echorl.dev/job=J`` on all of them, ``echorl.dev/component`` (coordinator,
-inference, trainer, config, join-token, storage) and, on inference children, ``echorl.dev/pool``.
+inference, trainer, trainer-logs, config, join-token, storage) and, on inference children, ``echorl.dev/pool``.
 Pods of a pool that comes from an ``InferenceSwarm`` object also carry
 ``echorl.dev/inference-swarm=<name>``, the selector the swarm's scale subresource publishes for an HPA.
 """
@@ -49,7 +49,9 @@ whose own ``replicas`` is unset, given back on resume."""
 RESUME_MANAGER = f"{MANAGER}-resume"
 """Field manager that gives those replicas back, so that afterwards they are not the operator's."""
 
-Component = Literal["coordinator", "inference", "trainer", "scorer", "config", "join-token", "storage"]
+Component = Literal[
+    "coordinator", "inference", "trainer", "trainer-logs", "scorer", "config", "join-token", "storage"
+]
 
 COORDINATOR_PORT = 8700  # the coordinator's own default (`echorl coordinator --port`)
 SCORER_PORT = 8710  # `echorl scorer --port`'s default
@@ -93,6 +95,12 @@ def join_secret(job: str, pool_name: str) -> str:
 def trainer(job: str) -> str:
     """Trainer Job (indexed: one pod per node rank) and its headless Service."""
     return f"{job}-trainer"
+
+
+def trainer_logs(job: str, restart: int) -> str:
+    """The ConfigMap that keeps the last log lines of the pods of the ``restart``-th trainer Job the
+    operator stopped (:mod:`echo_operator.trainer_record`)."""
+    return f"{job}-trainer-logs-{restart}"
 
 
 def trainer_join_secret(job: str) -> str:

@@ -30,6 +30,7 @@ from echo_operator import (
     pool_lag,
     references,
     storage,
+    trainer_record,
 )
 from echo_operator import status as status_mod
 from echo_operator.children import inputs
@@ -132,6 +133,8 @@ def follow_trainer(
     if over is not None:
         if current is not None and phase in ("Running", "Missing"):
             # The Job's record stays (a finished job keeps its trainer Job); its pods are stopped.
+            entry = trainer_record.record(ctx, body, current, over.reason, over.message)
+            over = dataclasses.replace(over, message=over.message + trainer_record.hint(entry))
             ctx.kube.merge_patch(
                 "batch/v1", "Job", namespace, names.trainer(name), {"spec": {"suspend": True}}
             )
@@ -152,6 +155,7 @@ def follow_trainer(
     if mem.last_counted is None:
         mem.last_counted = str(previous.get("lastCountedTrainer") or "")
     failure = progress = None
+    pods: list[Object] | None = None
     if phase == "Failed":
         pods = ctx.kube.list("v1", "Pod", namespace, names.selector(name, "trainer"))
         failure = lifecycle.failure_of(current, [p for p in pods if context.owned_by(p, uid)])
@@ -172,6 +176,13 @@ def follow_trainer(
             GV, "EchoJob", namespace, name, {"restarts": before + 1, "lastCountedTrainer": uid}
         )
         mem.restarts, mem.last_counted = before + 1, uid
+    if decision.action in ("Restart", "Fail"):
+        # Before the Job or its pods go: their logs, and where the trainer stopped and why.
+        entry = trainer_record.record(
+            ctx, body, current, decision.reason,
+            failure.summary if failure is not None else decision.message, pods,
+        )  # fmt: skip
+        decision = dataclasses.replace(decision, message=decision.message + trainer_record.hint(entry))
     if decision.action == "Restart":
         ctx.events.post(body, "Warning", decision.reason, decision.message)
         ctx.kube.delete("batch/v1", "Job", namespace, names.trainer(name), uid=uid, propagation="Foreground")
@@ -262,6 +273,8 @@ def write_status(
     }
     trainer = kube.get("batch/v1", "Job", namespace, names.trainer(name))
     pods = kube.list("v1", "Pod", namespace, {names.JOB: name}) if job is not None and job.active else []
+    if job is not None and job.active:
+        trainer_record.remember(ctx, body, mem, trainer, pods)
     waiting, waiting_count = status_mod.pending(pods)
     previous: Object = dict(body.get("status") or {})
     if mem.outcome is None:
@@ -300,6 +313,7 @@ def write_status(
     mem.pods_ready = status_mod.pods_ready(obs)
     new = status_mod.job_status(obs, previous)
     new["lastCountedTrainer"] = mem.last_counted or previous.get("lastCountedTrainer")
+    new["trainerHistory"] = trainer_record.history_of(mem, body) or None
     conds = status_mod.conditions(obs, previous)
     old_conditions = list(previous.get("conditions") or [])
     new["conditions"] = conditions.merge(old_conditions, conds, obs.generation, events.now_rfc3339())
