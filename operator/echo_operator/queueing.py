@@ -57,6 +57,10 @@ _LIMIT_TTL_S = 600.0
 _limit_cache: dict[str, tuple[float, int]] = {}
 REQUEUED_AFTER = ("Preempted", "NodeFailures")
 """Eviction reasons after which Kueue queues the Workload again on its own (its job reconciler's rule)."""
+EVICTIONS_NAMED = ("Preempted", "PodsReadyTimeout")
+"""Kueue's eviction reasons that the job's ``Suspended`` condition carries as its own reason (any other
+eviction reads ``EvictedByKueue``, Kueue's reason in the message): a higher priority took the quota,
+or ``waitForPodsReady``'s timeout passed before every pod of the job was ready."""
 _POD_FIELDS = ("nodeSelector", "tolerations", "affinity")
 """What of a pod's spec Kueue reads to place it on a ResourceFlavor, beside the containers' requests."""
 
@@ -313,7 +317,7 @@ def hold(wl: Mapping[str, Any] | None, queue: str, workload_name: str) -> inputs
     if _true(conds, "Evicted"):
         ev = conds["Evicted"]
         return inputs.Hold(
-            "Preempted" if ev.get("reason") == "Preempted" else "EvictedByKueue",
+            str(ev["reason"]) if ev.get("reason") in EVICTIONS_NAMED else "EvictedByKueue",
             f"Kueue evicted Workload {workload_name} ({ev.get('reason', '?')}: {ev.get('message', '')}); "
             "every process is scaled to zero and the job resumes from its checkpoint once admitted again",
         )

@@ -176,6 +176,15 @@ PREEMPTED = cond(
         (workload(*ADMITTED), None, None),
         (workload(*ADMITTED, PREEMPTED, admission=True), "Preempted", "Preempted to accommodate"),
         (
+            workload(
+                *ADMITTED,
+                cond("Evicted", "True", "PodsReadyTimeout", "Exceeded the PodsReady timeout ns/echojob-demo"),
+                admission=True,
+            ),
+            "PodsReadyTimeout",
+            "(PodsReadyTimeout: Exceeded the PodsReady timeout ns/echojob-demo)",
+        ),
+        (
             workload(*ADMITTED, cond("Evicted", "True", "Deactivated", "deactivated"), admission=True),
             "EvictedByKueue",
             "Deactivated",
@@ -199,6 +208,7 @@ PREEMPTED = cond(
         "pending",
         "admitted",
         "preempted",
+        "pods-ready-timeout",
         "deactivated-evicted",
         "inactive",
         "deactivated-by-others",
