@@ -8,7 +8,10 @@ operator under test runs with exactly the RBAC that ``manifests/common/rbac.yaml
 ``start_operator`` runs the operator for real in this process with :class:`kopf.testing.KopfRunner`;
 ``operator`` is one such run per module (a module that needs other settings defines its own),
 ``delete_jobs`` removes a test's EchoJobs afterwards and ``bucket`` is a test's own snapshot bucket.
-``kueue`` is a real Kueue manager (:mod:`services.kueue`) on the same API server, for the session.
+``kueue`` is a real Kueue manager (:mod:`services.kueue`) on the same API server, per module, with
+its webhooks registered and ``waitForPodsReady`` on: :data:`KUEUE_PODS_READY`, or the module's own
+``KUEUE_PODS_READY``. Per module, so its webhooks (which fail closed on every Pod, Deployment and Job)
+are registered only while a module that queues jobs runs, and each module's Kueue has its settings.
 """
 
 from __future__ import annotations
@@ -24,11 +27,14 @@ from kopf.testing import KopfRunner
 from operator_kit import service_account_kubeconfig
 
 from services.kube import KubeApiServer
-from services.kueue import Kueue, start_kueue
+from services.kueue import Kueue, WaitForPodsReady, start_kueue
 from services.minio import MinioServer
 from services.procs import free_ports
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
+KUEUE_PODS_READY = WaitForPodsReady(timeout_s=600)
+"""Long: envtest runs no pods, so an admitted job here never gets ready; none of those tests keeps one
+admitted this long. test_operator_kueue_pods_ready.py sets a short one (its ``KUEUE_PODS_READY``)."""
 SA = "system:serviceaccount:echorl-system:echorl-operator"
 
 StartOperator = Callable[..., contextlib.AbstractContextManager[KopfRunner]]
@@ -145,11 +151,16 @@ def bucket(minio_server: MinioServer, kube_namespace: str) -> Iterator[str]:
         client.remove_bucket(name)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def kueue(
-    kube_apiserver: KubeApiServer, testbin_dir: pathlib.Path, tmp_path_factory: pytest.TempPathFactory
+    kube_apiserver: KubeApiServer,
+    testbin_dir: pathlib.Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
 ) -> Iterator[Kueue]:
-    """Kueue's manager, as cluster admin, with its CRDs installed (:mod:`services.kueue`)."""
+    """Kueue's manager, as cluster admin, with its CRDs installed and its webhooks registered
+    (:mod:`services.kueue`), for the module; waitForPodsReady as the module's ``KUEUE_PODS_READY``
+    says, else :data:`KUEUE_PODS_READY`."""
     webhook, health = free_ports(2)
     manager = start_kueue(
         testbin_dir,
@@ -157,6 +168,7 @@ def kueue(
         tmp_path_factory.mktemp("kueue"),
         kube_apiserver.kubectl,
         ports=(webhook, health),
+        wait_for_pods_ready=getattr(request.module, "KUEUE_PODS_READY", KUEUE_PODS_READY),
     )
     try:
         yield manager

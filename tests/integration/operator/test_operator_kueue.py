@@ -1,8 +1,11 @@
 """Kueue admits, queues, preempts and resumes EchoJobs: the operator and a real Kueue manager together.
 
 A real kube-apiserver (no pods run: envtest), the operator as its service account, and Kueue's manager
-built from ``sigs.k8s.io/kueue``. The quota is CPU: every job asks for 1250m (coordinator 250m, one
-worker 500m, the trainer 500m) and the ClusterQueue has 2 CPUs, so exactly one job runs at a time.
+built from ``sigs.k8s.io/kueue``, with its own webhooks registered (every Workload the operator writes
+passes Kueue's admission) and ``waitForPodsReady`` on, with a timeout none of these tests reaches
+(test_operator_kueue_pods_ready.py: the timeout passing, and not passing). The quota is CPU: every
+job asks for 1250m (coordinator 250m, one worker 500m, the trainer 500m) and the ClusterQueue has 2
+CPUs, so exactly one job runs at a time.
 The same flow with real pods — every pod gone before the quota is given back, the preempted job
 resuming from its checkpoint — runs on the real node (tests/e2e/test_e2e_kueue.py).
 """
@@ -296,52 +299,3 @@ def test_the_pod_set_limit_is_read_from_the_installed_kueue(
 
     crd = kube_apiserver.kubectl_json("get", "crd", queueing.WORKLOAD_CRD)
     assert queueing.pod_set_limit(crd) == 8  # Kueue v0.17's Workload CRD: podSets maxItems 8
-
-
-def test_pods_ready_tells_kueue_when_the_jobs_pods_are_all_ready(
-    kueue: Kueue,
-    operator: KopfRunner,
-    kube_apiserver: KubeApiServer,
-    kube_namespace: str,
-    storage_secret: str,
-    storage_yaml: Callable[..., str],
-    bucket: str,
-) -> None:
-    """Kueue's waitForPodsReady reads the Workload's PodsReady: False (WaitForStart) while the admitted
-    job's pods start, True once the coordinator, the pool and the trainer rank are ready. There is no
-    kubelet here: the test writes the Deployments' and the Job's status as their controllers would."""
-    kube, ns = kube_apiserver, kube_namespace
-    apply(kube, ns, queues(ns, ns, cpu="4", memory="64Gi"), "--server-side")
-    apply(kube, ns, job("prompt", storage_yaml(bucket), f"{ns}-low"))
-    until(lambda: shape(kube, ns, "prompt") == RUNNING or None, timeout=60)
-    waiting = until(lambda: wl_condition(workload(kube, ns, "prompt"), "PodsReady") or None)
-    assert (waiting["status"], waiting["reason"]) == ("False", "WaitForStart")
-
-    ready = json.dumps(
-        {"status": {"replicas": 1, "readyReplicas": 1, "availableReplicas": 1, "updatedReplicas": 1}}
-    )
-    for name in ("prompt-coordinator", "prompt-cpu"):
-        kubectl_ok(
-            kube, "patch", "deployment", name, "-n", ns, "--subresource=status", "--type=merge", "-p", ready
-        )
-        time.sleep(1.5)  # three status passes: not ready while the trainer is not
-        assert wl_condition(workload(kube, ns, "prompt"), "PodsReady")["status"] == "False"
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    started = json.dumps({"status": {"startTime": now, "active": 1, "ready": 1}})
-    kubectl_ok(
-        kube,
-        "patch",
-        "job",
-        "prompt-trainer",
-        "-n",
-        ns,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        started,
-    )
-    cond = until(
-        lambda: (c := wl_condition(workload(kube, ns, "prompt"), "PodsReady"))["status"] == "True" and c
-    )
-    assert cond["reason"] == "PodsReady"
-    assert wl_condition(workload(kube, ns, "prompt"), "Admitted")["status"] == "True"  # Kueue's own kept
