@@ -7,7 +7,9 @@ in its own pod, as its own service account, with the RBAC of ``manifests/common/
 (the cluster-wide install).
 
 ``cluster_kueue`` (session) runs Kueue's manager inside the cluster's network namespace, as the cluster
-admin, for the tests that queue jobs through it.
+admin, for the tests that queue jobs through it: its own webhooks registered with the cluster's API
+server (which calls them on the namespace's loopback, where both run) and ``waitForPodsReady`` on
+(:data:`KUEUE_PODS_READY`).
 
 ``e2e`` (function) gives a test a fresh namespace with the dev MinIO's credentials in it and the
 helpers of :class:`e2e_kit.E2E`; the namespace is deleted afterwards (the real namespace controller
@@ -24,9 +26,12 @@ from e2e_kit import E2E, Installed
 
 from services.cluster import Cluster
 from services.install import overlay
-from services.kueue import Kueue, start_kueue
+from services.kueue import Kueue, WaitForPodsReady, start_kueue
 
 ROLLOUT_TIMEOUT_S = 300
+KUEUE_PODS_READY = WaitForPodsReady(timeout_s=300, backoff_base_s=5, backoff_max_s=60)
+"""Five minutes for an admitted job's pods to get ready: comfortably more than a job takes on this node
+(its images are local), so only a job that cannot get ready is evicted and requeued."""
 
 
 @pytest.fixture(scope="session")
@@ -57,6 +62,7 @@ def cluster_kueue(kube_cluster: Cluster, tmp_path_factory: pytest.TempPathFactor
         kube_cluster.kubectl,
         wrap=kube_cluster.ns.argv,
         env=kube_cluster.env(),
+        wait_for_pods_ready=KUEUE_PODS_READY,
     )
     try:
         yield manager
