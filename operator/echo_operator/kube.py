@@ -191,7 +191,7 @@ class Kube:
                 path("v1", "Pod", namespace, pod) + "/log",
                 "GET",
                 query_params=query,
-                header_params={"Accept": "text/plain"},
+                header_params={"Accept": "application/json, */*"},  # */*: the log is text; errors are JSON
                 auth_settings=["BearerToken"],
                 _preload_content=False,
                 _request_timeout=timeout_s,

@@ -402,6 +402,9 @@ def read_logs(
         if pod.gone:
             out[key] = unavailable(gone_reason(pod))
             continue
+        if pod.node is None:  # the API server answers an empty log for it
+            out[key] = unavailable(f"pod {pod.name} was never scheduled to a node: it wrote no log")
+            continue
         if clock() > deadline:
             out[key] = unavailable(
                 f"not read: the operator spends at most {READ_BUDGET_S:.0f} s reading logs"

@@ -93,10 +93,16 @@ def test_a_counted_failure_survives_an_operator_stopped_before_the_delete_and_is
         apply(kube, ns, job(storage_yaml(bucket)))
         first = until(lambda: get_or_none(kube, ns, trainer))
         uid = first["metadata"]["uid"]
+        trainer_pod(kube, ns, "flaky", first, "Error")
         fail(kube, ns, trainer)
         # Counted in status while the failed Job is still there (this operator cannot delete it).
         status = until(lambda: counted(kube, ns, uid))
         assert status["restarts"] == 1
+        # Its pods' logs kept and the stop recorded before the delete (refused here) was tried.
+        (entry,) = until(lambda: get(kube, ns, "echojob", "flaky")["status"].get("trainerHistory"))
+        assert (entry["restart"], entry["uid"], entry["logsConfigMap"]) == (1, uid, "flaky-trainer-logs-1")
+        kept = get(kube, ns, "configmap", "flaky-trainer-logs-1")["data"]["rank-0.trainer.log"]
+        assert kept.startswith("(log unavailable: ") and "never scheduled" in kept, kept
         until(lambda: "ReconcileFailed" in reasons(kube, ns, "flaky") or "TrainerFailed"
                    in reasons(kube, ns, "flaky"))  # fmt: skip
         assert get(kube, ns, "job", trainer)["metadata"]["uid"] == uid
@@ -112,11 +118,19 @@ def test_a_counted_failure_survives_an_operator_stopped_before_the_delete_and_is
         assert second["metadata"]["uid"] != uid
         status = get(kube, ns, "echojob", "flaky")["status"]
         assert status["restarts"] == 1 and status["lastCountedTrainer"] == uid
+        # Recorded once, by the first operator: the second neither adds an entry nor another ConfigMap.
+        assert status["trainerHistory"] == [entry]
+        logs = kube.kubectl_json("get", "configmaps", "-n", ns, "-l", "echorl.dev/component=trainer-logs")
+        assert [c["metadata"]["name"] for c in logs["items"]] == ["flaky-trainer-logs-1"]
 
-        # Its own failure is the second.
+        # Its own failure is the second (it had no pod: no logs to keep).
         fail(kube, ns, trainer)
         status = until(lambda: counted(kube, ns, second["metadata"]["uid"]))
         assert status["restarts"] == 2
+        history = until(
+            lambda: len(h := get(kube, ns, "echojob", "flaky")["status"]["trainerHistory"]) == 2 and h
+        )
+        assert history[1]["restart"] == 2 and "logsConfigMap" not in history[1], history
 
 
 def counted(kube: KubeApiServer, ns: str, uid: str) -> dict[str, Any] | None:

@@ -115,6 +115,10 @@ def test_each_rank_gets_its_log_or_a_short_reason_why_not() -> None:
     assert data["rank-3.trainer.log"].startswith("(log unavailable: forbidden: the operator may not read")
     assert data["rank-4.trainer.log"] == "(log unavailable: the container wrote nothing)"
     assert len(data) == 6
+    unscheduled = pod(5)
+    del unscheduled["spec"]["nodeName"]
+    (only,) = tr.read_logs(reader({}), [tr.pod_seen(unscheduled)]).values()
+    assert only == "(log unavailable: pod grpo-trainer-5-x5 was never scheduled to a node: it wrote no log)"
 
 
 def test_reading_stops_when_its_time_is_spent_and_says_so() -> None:
