@@ -52,6 +52,44 @@ def running(e2e: E2E, selector: str) -> list[dict[str, Any]]:
     ]
 
 
+TRAINER_LINE = re.compile(r"(echo_runtime|echorl)\.trainer\S* (INFO|WARNING) ")
+"""A line the trainer's own loggers write (``memory allocator: …``, ``step {…}``, ``signal 15: …``)."""
+UNAVAILABLE = "(log unavailable: "
+
+
+def assert_trainer_logs_kept(e2e: E2E, job: str, deleted: str) -> None:
+    """The trainer Job the operator replaced after ``deleted`` (rank 1's pod) was deleted left its pods'
+    last log lines in ``<job>-trainer-logs-1`` and its story in ``status.trainerHistory``.
+
+    Each rank's entry holds the log its container wrote, or why it could not be read — and only because
+    the pod was gone: since Kubernetes 1.31 a Job is Failed only once its pods stopped, and the Job
+    controller deletes the ranks still running, so a rank's log is readable only while the operator's
+    status pass (every 10 s) catches its pod, terminating or failed (it reads at once when it sees one).
+    """
+    entry = e2e.until(
+        "restart 1 in status.trainerHistory",
+        lambda: next(
+            (e for e in e2e.job(job)["status"].get("trainerHistory") or [] if e["restart"] == 1), None
+        ),
+    )
+    assert entry["reason"] == "TrainerFailed" and entry["logsConfigMap"] == f"{job}-trainer-logs-1", entry
+    pods = {p["rank"]: p for p in entry["pods"]}
+    assert pods[1]["name"] == deleted, entry  # named, though the pod may be long gone
+    cm = e2e.json("get", "configmap", f"{job}-trainer-logs-1")
+    assert cm["metadata"]["ownerReferences"][0]["name"] == job
+    data = cm["data"]
+    assert f"pod {deleted}" in data["summary"], data["summary"]
+    kept = {}
+    for rank in (0, 1):
+        text = data[f"rank-{rank}.trainer.log"]
+        kept[rank] = "text" if TRAINER_LINE.search(text) else text
+        if not TRAINER_LINE.search(text):
+            # Not read: only because its pod was gone (never forbidden, never a bad request).
+            assert text.startswith(UNAVAILABLE) and pods[rank]["phase"] == "Gone", (rank, text, pods[rank])
+            assert f"pod {pods[rank]['name']} " in text and "before the operator could read its log" in text
+    e2e.note(f"{job}-trainer-logs-1: rank 0 {kept[0]!r}; rank 1 (deleted) {kept[1]!r}; history {pods}")
+
+
 def assert_released(e2e: E2E, name: str) -> None:
     """Nothing of a finished job runs: Deployments at zero, no pod Running or Pending."""
     for deployment in e2e.json("get", "deployments", "-l", f"echorl.dev/job={name}")["items"]:
@@ -198,7 +236,8 @@ def test_deleting_a_worker_the_trainer_the_coordinator_and_the_operator_leader_m
         e2e.until("status written by the new leader", lambda: e2e.version("restarts") > at + 2)
 
     delete_one("inference")
-    delete_one("trainer", ",batch.kubernetes.io/job-completion-index=1")
+    deleted = delete_one("trainer", ",batch.kubernetes.io/job-completion-index=1")
+    assert_trainer_logs_kept(e2e, "restarts", deleted)
     delete_one("coordinator")
     kill_the_operator_leader()
     done = e2e.wait_condition("restarts", "Succeeded")
@@ -206,6 +245,7 @@ def test_deleting_a_worker_the_trainer_the_coordinator_and_the_operator_leader_m
     e2e.note(f"Succeeded after restarts: {done['message']}; status.restarts {status['restarts']}")
     # A deleted trainer pod is a counted failure, as for a Kubernetes Job; its gang was restarted.
     assert status["restarts"] == 1
+    assert [e["restart"] for e in status["trainerHistory"]] == [1]  # a finished trainer is not a stop
     assert status["maxObservedStaleness"] <= 2
     # The store: every version 1..steps once, published in order, none overwritten or repeated.
     versions = published(e2e.store("restarts/"), "restarts")
