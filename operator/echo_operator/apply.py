@@ -4,7 +4,9 @@ Every child but the trainer Job is server-side applied (:meth:`Kube.apply`): unc
 not written, fields other managers own are left alone. The trainer Job is a gang, so it is never
 patched: :func:`trainer_action` creates it when missing and replaces it, every rank, when what it runs
 changed (its spec hash); a Job being deleted is left to finish (Foreground: until its pods are gone),
-so two trainers never run at once. Children the job no longer needs are deleted (:func:`prune`), except
+so two trainers never run at once. Before a trainer Job is deleted (replaced, or the job suspended or
+held by its queue), its pods' logs are kept and the stop recorded (:mod:`echo_operator.trainer_record`);
+those logs ConfigMaps are never pruned. Children the job no longer needs are deleted (:func:`prune`), except
 the join Secrets (their tokens must outlive a pool being renamed back), the read-only storage Secret,
 the coordinator's TLS Secret (its CA, likewise), and a finished job's trainer Job (its record and its pods' logs). An apply the API server refuses as
 invalid or conflicting (409, 422) is an ``ApplyFailed`` problem; other API failures are raised.
