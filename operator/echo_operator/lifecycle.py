@@ -130,6 +130,18 @@ def failure_reason(job: Mapping[str, Any]) -> str:
     return "Failed"
 
 
+def _job_reason_words(reason: str) -> str:
+    """The trainer Job's Failed reason as an admin should read it. Its own ``BackoffLimitExceeded`` means
+    only that a rank failed (each trainer Job has ``backoffLimit: 0``: the operator restarts the gang
+    and counts against the EchoJob's ``backoffLimit``), so it is not quoted: it would read as the end of
+    the job on its first restart."""
+    if reason in ("BackoffLimitExceeded", "Failed"):
+        return ""
+    if reason == "PodFailurePolicy":
+        return "; a disruption (preemption, eviction or node drain), not counted against backoffLimit"
+    return f"; the trainer Job's reason: {reason}"
+
+
 @dataclasses.dataclass(frozen=True)
 class Failure:
     """What one failed trainer attempt tells a human."""
@@ -162,12 +174,12 @@ def failure_of(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> Fai
     if not terminated:
         deleted = [p["metadata"]["name"] for p in pods if p.get("metadata", {}).get("deletionTimestamp")]
         what = f"pod(s) {', '.join(deleted)} deleted" if deleted else "its pods are gone (deleted or evicted)"
-        return Failure(counted, f"trainer Job failed ({reason}): {what}", "")
+        return Failure(counted, f"the trainer stopped: {what}{_job_reason_words(reason)}", "")
     _, pod, state = sorted(terminated, key=lambda t: t[0])[0]
     index = pod.get("metadata", {}).get("labels", {}).get("batch.kubernetes.io/job-completion-index", "?")
     summary = (
         f"trainer pod {pod['metadata']['name']} (rank {index}) exited with code {state.get('exitCode')}"
-        f" ({state.get('reason') or 'Error'}); Job reason {reason}"
+        f" ({state.get('reason') or 'Error'}){_job_reason_words(reason)}"
     )
     lines = [line for line in str(state.get("message") or "").splitlines() if line.strip()]
     return Failure(counted, summary, "\n".join(lines[-TAIL_LINES:]), oom=state.get("reason") == "OOMKilled")

@@ -82,10 +82,19 @@ def test_failures_restart_every_rank_until_the_backoff_limit_then_the_job_fails(
         again = lifecycle.decide("Failed", failure, None, 40, restarts=restarts, backoff_limit=3)
         assert (again.action, again.reason, again.counted) == ("Restart", "TrainerFailed", True)
         assert f"failure {restarts + 1} of backoffLimit 3" in again.message
+        # The trainer Job's own BackoffLimitExceeded (it retries nothing itself) is not news on a restart.
+        assert "BackoffLimitExceeded" not in again.message
     final = lifecycle.decide("Failed", failure, None, 40, restarts=3, backoff_limit=3)
     assert (final.action, final.reason) == ("Fail", "BackoffLimitExceeded")
     assert "line 29" in final.message and "exited with code 1" in final.message
     assert lifecycle.decide("Failed", failure, None, 40, restarts=0, backoff_limit=0).action == "Fail"
+
+
+def test_a_disruption_says_so_and_other_job_reasons_are_quoted() -> None:
+    gone = lifecycle.failure_of(job("Failed", "PodFailurePolicy"), [])
+    assert not gone.counted and "disruption" in gone.summary and "pods are gone" in gone.summary
+    late = lifecycle.failure_of(job("Failed", "DeadlineExceeded"), [pod("j-trainer-0-d", 1)])
+    assert late.summary.endswith("the trainer Job's reason: DeadlineExceeded")
 
 
 def test_an_out_of_memory_rank_fails_the_job_at_once_unless_the_spec_retries_it() -> None:
