@@ -260,6 +260,10 @@ def test_transitions_are_news_only_when_something_changed() -> None:
     assert change.warning and change.previous_status == "True"
     (back,) = conditions.transitions(before, [Condition("Ready", "True", "AllComponentsReady", "m")])
     assert not back.warning
+    # A recovery is news of its own, and a Normal one: Degraded back to False after an unreachable coordinator.
+    degraded = conditions.merge([], [Condition("Degraded", "True", "CoordinatorUnreachable", "m")], 1, "T")
+    (recovered,) = conditions.transitions(degraded, [Condition("Degraded", "False", "AsExpected", "")])
+    assert not recovered.warning and recovered.previous_status == "True"
     (suspended,) = conditions.transitions(
         conditions.merge([], [Condition("Suspended", "False", "NotSuspended", "")], 1, "T"),
         [Condition("Suspended", "True", "JobSuspended", "")],
