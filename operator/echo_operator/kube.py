@@ -113,6 +113,22 @@ class Kube:
         query: list[tuple[str, str]] | None = None,
         content_type: str = "application/json",
     ) -> Object:
+        data = self._send(
+            method, url, what, body, query, {"Content-Type": content_type, "Accept": "application/json"}
+        )
+        return dict(json.loads(data)) if data else {}
+
+    def _send(
+        self,
+        method: str,
+        url: str,
+        what: str,
+        body: Any,
+        query: list[tuple[str, str]] | None,
+        headers: dict[str, str],
+        timeout_s: float = 30,
+    ) -> bytes:
+        """One request, fenced on the leader Lease for writes, counted in the metrics; the body's bytes."""
         if method != "GET" and self.fence is not None and not self.fence() and "selfsubject" not in url:
             raise KubeError(0, "not written: this operator replica no longer holds the leader Lease", what)
         code = 0
@@ -121,11 +137,11 @@ class Kube:
                 url,
                 method,
                 query_params=query or [],
-                header_params={"Content-Type": content_type, "Accept": "application/json"},
+                header_params=headers,
                 body=body,
                 auth_settings=["BearerToken"],
                 _preload_content=False,
-                _request_timeout=30,
+                _request_timeout=timeout_s,
             )
             answered = resp if hasattr(resp, "status") else resp[0]
             code = int(getattr(answered, "status", 200) or 200)
@@ -138,8 +154,7 @@ class Kube:
             metrics.api_request(method, code)
             if url.endswith("/status") and method != "GET" and code:
                 metrics.STATUS_WRITES.labels(what.split()[1]).inc()
-        data = resp.data if hasattr(resp, "data") else resp[0].data
-        return dict(json.loads(data)) if data else {}
+        return bytes(answered.data or b"")
 
     # -- reads ---------------------------------------------------------------------------------
     def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> Object | None:
@@ -185,27 +200,15 @@ class Kube:
         ]
         if previous:
             query.append(("previous", "true"))
-        code = 0
-        try:
-            resp = self.api.call_api(
-                path("v1", "Pod", namespace, pod) + "/log",
-                "GET",
-                query_params=query,
-                header_params={"Accept": "application/json, */*"},  # */*: the log is text; errors are JSON
-                auth_settings=["BearerToken"],
-                _preload_content=False,
-                _request_timeout=timeout_s,
-            )
-            answered = resp if hasattr(resp, "status") else resp[0]
-            code = int(getattr(answered, "status", 200) or 200)
-            data: bytes = answered.data
-        except ApiException as exc:
-            code = exc.status or 0
-            raise KubeError(exc.status or 0, _message(exc), what) from None
-        except Exception as exc:  # connection refused, TLS, timeouts
-            raise KubeError(0, str(exc), what) from exc
-        finally:
-            metrics.api_request("GET", code)
+        data = self._send(
+            "GET",
+            path("v1", "Pod", namespace, pod) + "/log",
+            what,
+            None,
+            query,
+            {"Accept": "application/json, */*"},  # */*: the log is text; errors are JSON
+            timeout_s,
+        )
         return data.decode("utf-8", errors="replace")
 
     def may(self, verb: str, group: str, resource: str, namespace: str | None = None) -> bool:
