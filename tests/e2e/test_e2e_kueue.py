@@ -69,7 +69,16 @@ def test_kueue_preempts_a_running_job_which_then_resumes_from_its_checkpoint(e2e
     e2e.until("Kueue admits the job and its version advances", lambda: e2e.version("kq-low") >= 7)
     assert wl_condition(workload(e2e, "kq-low"), "Admitted")["status"] == "True"
     assert cpu_used(e2e, queues) == "450m"
-    e2e.note(f"kq-low admitted, at version {e2e.version('kq-low')}; ClusterQueue cpu used 450m")
+    # waitForPodsReady is on: the operator tells Kueue the job's pods are ready, or Kueue would evict it.
+    ready = e2e.until(
+        "kq-low's Workload PodsReady",
+        lambda: (c := wl_condition(workload(e2e, "kq-low"), "PodsReady")).get("status") == "True" and c,
+        timeout=120,
+    )
+    assert wl_condition(workload(e2e, "kq-low"), "Evicted").get("status") != "True"
+    e2e.note(
+        f"kq-low admitted, at version {e2e.version('kq-low')}; PodsReady ({ready['reason']}); cpu used 450m"
+    )
 
     # A higher-priority job: Kueue preempts the running one, whose pods all go before the quota does.
     e2e.apply(queued("kq-high", 12, "team", high))
