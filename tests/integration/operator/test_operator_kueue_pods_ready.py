@@ -85,6 +85,18 @@ def test_kueues_own_webhooks_are_registered_and_answer(
     assert 'admission webhook "vworkload.kb.io" denied the request' in refused.stderr, refused.stderr
 
 
+def admitted_and_starting(kube: KubeApiServer, ns: str, name: str, storage: str) -> float:
+    """Queue EchoJob ``name`` on a roomy ClusterQueue, see Kueue admit it and the operator run it and tell
+    Kueue its pods are not ready yet (PodsReady False, WaitForStart); the time of the admission."""
+    apply(kube, ns, queues(ns, ns, cpu="4", memory="64Gi"), "--server-side")
+    apply(kube, ns, job(name, storage, f"{ns}-low"))
+    until(lambda: shape(kube, ns, name) == RUNNING or None, timeout=60)
+    admitted_at = seconds(wl_condition(workload(kube, ns, name), "Admitted")["lastTransitionTime"])
+    waiting = until(lambda: wl_condition(workload(kube, ns, name), "PodsReady") or None)
+    assert (waiting["status"], waiting["reason"]) == ("False", "WaitForStart")
+    return admitted_at
+
+
 def test_an_admitted_job_whose_pods_never_get_ready_is_evicted_and_requeued(
     kueue: Kueue,
     operator: KopfRunner,
@@ -95,13 +107,7 @@ def test_an_admitted_job_whose_pods_never_get_ready_is_evicted_and_requeued(
     bucket: str,
 ) -> None:
     kube, ns = kube_apiserver, kube_namespace
-    apply(kube, ns, queues(ns, ns, cpu="4", memory="64Gi"), "--server-side")
-    apply(kube, ns, job("stuck", storage_yaml(bucket), f"{ns}-low"))
-    until(lambda: shape(kube, ns, "stuck") == RUNNING or None, timeout=60)
-    wl = workload(kube, ns, "stuck")
-    admitted_at = seconds(wl_condition(wl, "Admitted")["lastTransitionTime"])
-    waiting = until(lambda: wl_condition(workload(kube, ns, "stuck"), "PodsReady") or None)
-    assert (waiting["status"], waiting["reason"]) == ("False", "WaitForStart")
+    admitted_at = admitted_and_starting(kube, ns, "stuck", storage_yaml(bucket))
 
     # 1. Evicted by Kueue once the timeout passed, and counted for the backoff.
     def evicted() -> dict[str, Any] | None:
@@ -163,12 +169,7 @@ def test_a_job_whose_pods_get_ready_in_time_is_told_ready_and_keeps_running(
     still admitted and running. The test writes the Deployments' and the Job's status as their
     controllers would (no kubelet here)."""
     kube, ns = kube_apiserver, kube_namespace
-    apply(kube, ns, queues(ns, ns, cpu="4", memory="64Gi"), "--server-side")
-    apply(kube, ns, job("prompt", storage_yaml(bucket), f"{ns}-low"))
-    until(lambda: shape(kube, ns, "prompt") == RUNNING or None, timeout=60)
-    admitted_at = seconds(wl_condition(workload(kube, ns, "prompt"), "Admitted")["lastTransitionTime"])
-    waiting = until(lambda: wl_condition(workload(kube, ns, "prompt"), "PodsReady") or None)
-    assert (waiting["status"], waiting["reason"]) == ("False", "WaitForStart")
+    admitted_at = admitted_and_starting(kube, ns, "prompt", storage_yaml(bucket))
 
     ready = json.dumps(
         {"status": {"replicas": 1, "readyReplicas": 1, "availableReplicas": 1, "updatedReplicas": 1}}
